@@ -1,0 +1,3 @@
+from elector.cli import main
+
+main()

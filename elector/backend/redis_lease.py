@@ -1,0 +1,295 @@
+"""The lease protocol of one lock on Redis. No election logic: one request per method."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import redis.asyncio
+import redis.exceptions
+from redis.asyncio.client import PubSub
+
+from elector.backend import scripts
+from elector.lease import (
+    AcquireResult,
+    BackendErrorKind,
+    Granted,
+    Held,
+    Holder,
+    Lease,
+    LeaseBackendError,
+    LeaseEvent,
+    LeaseEventKind,
+    Lost,
+    Observation,
+    QuietPeriod,
+    Renewed,
+    RenewResult,
+)
+
+T = TypeVar("T")
+
+#: Longest identity accepted; it is stored in every lease value and published in every event.
+MAX_IDENTITY_LENGTH = 253
+#: Values longer than this are not elector's; don't try to parse them.
+MAX_VALUE_BYTES = 4096
+
+
+def parse_holder(raw: bytes) -> Holder | None:
+    """The holder named by a stored lease value or an announcement; None if not elector's."""
+    if not raw or len(raw) > MAX_VALUE_BYTES:
+        return None
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    identity = data.get("identity")
+    token = data.get("fencing_token")
+    if not isinstance(identity, str) or not isinstance(token, int) or isinstance(token, bool):
+        return None
+    return Holder(identity=identity, fencing_token=token)
+
+
+def _remaining(pttl: int) -> int | None:
+    # PTTL: -1 no expiry, -2 no key.
+    return None if pttl < 0 else pttl
+
+
+def _translate(exc: Exception, *, what: str) -> LeaseBackendError:
+    """One domain error for every client failure; redis-py messages carry no passwords."""
+    if isinstance(exc, TimeoutError | redis.exceptions.TimeoutError):
+        return LeaseBackendError(f"{what}: Redis did not answer in time", kind=BackendErrorKind.TIMEOUT)
+    if isinstance(exc, redis.exceptions.AuthenticationError | redis.exceptions.NoPermissionError):
+        return LeaseBackendError(f"{what}: Redis refused access: {exc}", kind=BackendErrorKind.AUTH)
+    if isinstance(exc, redis.exceptions.ConnectionError | OSError):
+        return LeaseBackendError(f"{what}: cannot reach Redis: {exc}", kind=BackendErrorKind.CONNECTION)
+    if isinstance(exc, redis.exceptions.ResponseError):
+        text = str(exc)
+        if "WRONGTYPE" in text:
+            return LeaseBackendError(
+                f"{what}: a key of this lock holds the wrong type of data (written by something "
+                f"other than elector?): {text}",
+                kind=BackendErrorKind.DATA,
+            )
+        if "elector:" in text:
+            return LeaseBackendError(f"{what}: {text}", kind=BackendErrorKind.DATA)
+        if text.startswith(("NOAUTH", "WRONGPASS", "NOPERM")):
+            return LeaseBackendError(f"{what}: Redis refused access: {text}", kind=BackendErrorKind.AUTH)
+        return LeaseBackendError(f"{what}: Redis answered an error: {text}", kind=BackendErrorKind.SERVER)
+    if isinstance(exc, redis.exceptions.RedisError):
+        return LeaseBackendError(f"{what}: {type(exc).__name__}: {exc}", kind=BackendErrorKind.SERVER)
+    return LeaseBackendError(
+        f"{what}: unexpected reply from Redis ({type(exc).__name__}: {exc})", kind=BackendErrorKind.DATA
+    )
+
+
+class RedisLeaseBackend:
+    """The `LeaseBackend` of one named lock on one Redis (standalone) server.
+
+    Several backends (one per lock) may share one client and its connection pool.
+    """
+
+    def __init__(self, client: redis.asyncio.Redis, *, lock: str, key_prefix: str = "elector") -> None:
+        self._client = client
+        self._lock = lock
+        self.keys = scripts.LockKeys(lock, prefix=key_prefix)
+        self._acquire = client.register_script(scripts.ACQUIRE)
+        self._renew = client.register_script(scripts.RENEW)
+        self._release = client.register_script(scripts.RELEASE)
+        self._observe = client.register_script(scripts.OBSERVE)
+
+    @property
+    def lock(self) -> str:
+        return self._lock
+
+    async def _call(self, what: str, request: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await request()
+        except LeaseBackendError:
+            raise
+        except Exception as exc:  # every client failure becomes the one domain error
+            raise _translate(exc, what=what) from exc
+
+    async def acquire(self, identity: str, *, ttl_ms: int) -> AcquireResult:
+        if ttl_ms <= 0:
+            raise ValueError(f"ttl must be positive, got {ttl_ms} ms")
+        owner_token = secrets.token_hex(16)
+        reply: Any = await self._call(
+            "acquire",
+            lambda: self._acquire(
+                keys=[self.keys.lease, self.keys.fencing, self.keys.quiet],
+                args=[json.dumps(identity), owner_token, ttl_ms, self.keys.channel],
+            ),
+        )
+        try:
+            code = int(reply[0])
+            if code == 1:
+                fencing_token, value = int(reply[1]), bytes(reply[2]).decode("utf-8")
+                lease = Lease(
+                    lock=self._lock,
+                    identity=identity,
+                    fencing_token=fencing_token,
+                    ttl_ms=ttl_ms,
+                    value=value,
+                )
+                return Granted(lease=lease)
+            if code == 0:
+                return Held(holder=parse_holder(bytes(reply[1])), remaining_ms=_remaining(int(reply[2])))
+            if code == 2:
+                return QuietPeriod(remaining_ms=max(0, int(reply[2])))
+        except (IndexError, TypeError, ValueError) as exc:
+            raise _translate(exc, what="acquire") from exc
+        raise LeaseBackendError(f"acquire: unexpected reply code {code}", kind=BackendErrorKind.DATA)
+
+    async def renew(self, lease: Lease) -> RenewResult:
+        reply: Any = await self._call(
+            "renew", lambda: self._renew(keys=[self.keys.lease], args=[lease.value, lease.ttl_ms])
+        )
+        try:
+            if int(reply[0]) == 1:
+                return Renewed()
+            return Lost(holder=parse_holder(bytes(reply[1])), remaining_ms=_remaining(int(reply[2])))
+        except (IndexError, TypeError, ValueError) as exc:
+            raise _translate(exc, what="renew") from exc
+
+    async def release(self, lease: Lease) -> bool:
+        message = json.dumps(
+            {"event": "released", "identity": lease.identity, "fencing_token": lease.fencing_token},
+            separators=(",", ":"),
+        )
+        reply: Any = await self._call(
+            "release",
+            lambda: self._release(keys=[self.keys.lease], args=[lease.value, self.keys.channel, message]),
+        )
+        return bool(int(reply))
+
+    async def observe(self) -> Observation:
+        reply: Any = await self._call(
+            "observe",
+            lambda: self._observe(keys=[self.keys.lease, self.keys.fencing, self.keys.quiet]),
+        )
+        try:
+            raw_value, pttl, raw_counter, quiet_pttl = (
+                bytes(reply[0]),
+                int(reply[1]),
+                bytes(reply[2]),
+                int(reply[3]),
+            )
+        except (IndexError, TypeError, ValueError) as exc:
+            raise _translate(exc, what="observe") from exc
+        holder = parse_holder(raw_value) if raw_value else None
+        try:
+            counter = int(raw_counter) if raw_counter else None
+        except ValueError:
+            raise LeaseBackendError(
+                f"observe: the fencing counter {self.keys.fencing} is not a number",
+                kind=BackendErrorKind.DATA,
+            ) from None
+        return Observation(
+            holder=holder,
+            unrecognised_value=bool(raw_value) and holder is None,
+            remaining_ms=_remaining(pttl) if raw_value else None,
+            last_fencing_token=counter,
+            quiet_remaining_ms=max(0, quiet_pttl),
+        )
+
+    async def subscribe(self, *, keepalive_s: float = 60.0) -> RedisEventSubscription:
+        pubsub = self._client.pubsub()
+        try:
+            await self._call("subscribe", lambda: pubsub.subscribe(self.keys.channel))
+            # The SUBSCRIBE confirmation proves the subscription is live before we return.
+            await self._call("subscribe", lambda: pubsub.get_message(timeout=self._request_timeout()))
+        except BaseException:
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            raise
+        return RedisEventSubscription(
+            pubsub, request_timeout_s=self._request_timeout(), keepalive_s=keepalive_s
+        )
+
+    def _request_timeout(self) -> float:
+        kwargs = self._client.connection_pool.connection_kwargs
+        timeout = kwargs.get("socket_timeout")
+        return float(timeout) if timeout else 1.0
+
+
+class RedisEventSubscription:
+    """A subscription to one lock's announcements, with its own keep-alive.
+
+    The idle connection is checked by a PING after `keepalive_s` of silence; any message counts
+    as a sign of life. TCP keepalive (see connection.py) catches a dead peer between PINGs.
+    """
+
+    def __init__(self, pubsub: PubSub, *, request_timeout_s: float, keepalive_s: float = 60.0) -> None:
+        self._pubsub = pubsub
+        self._request_timeout_s = request_timeout_s
+        self._keepalive_s = keepalive_s
+        self._last_heard = time.monotonic()
+        self._ping_sent_at: float | None = None
+
+    async def next_event(self, timeout_s: float) -> LeaseEvent | None:
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            now = time.monotonic()
+            if self._ping_sent_at is not None and now - self._ping_sent_at > self._request_timeout_s:
+                raise LeaseBackendError(
+                    "subscription: no answer to a keep-alive PING", kind=BackendErrorKind.TIMEOUT
+                )
+            if self._ping_sent_at is None and now - self._last_heard >= self._keepalive_s:
+                await self._send_ping()
+                continue
+            if now >= deadline:
+                return None
+            wake = min(deadline, self._last_heard + self._keepalive_s)
+            if self._ping_sent_at is not None:
+                wake = min(wake, self._ping_sent_at + self._request_timeout_s)
+            message = await self._read(max(0.0, wake - now))
+            if message is None:
+                continue
+            self._last_heard = time.monotonic()
+            self._ping_sent_at = None
+            event = self._parse(message)
+            if event is not None:
+                return event
+
+    async def _send_ping(self) -> None:
+        try:
+            await self._pubsub.ping()
+        except Exception as exc:
+            raise _translate(exc, what="subscription keep-alive") from exc
+        self._ping_sent_at = time.monotonic()
+
+    async def _read(self, timeout_s: float) -> dict[str, Any] | None:
+        try:
+            message: dict[str, Any] | None = await self._pubsub.get_message(timeout=timeout_s)
+        except Exception as exc:
+            raise _translate(exc, what="subscription") from exc
+        if message is None and not self._pubsub.connection:
+            raise LeaseBackendError("subscription: connection closed", kind=BackendErrorKind.CONNECTION)
+        return message
+
+    @staticmethod
+    def _parse(message: dict[str, Any]) -> LeaseEvent | None:
+        if message.get("type") != "message":
+            return None  # subscribe confirmations, PONGs: signs of life only
+        data = message.get("data")
+        if not isinstance(data, bytes):
+            return None
+        holder = parse_holder(data)
+        try:
+            kind = LeaseEventKind(json.loads(data).get("event"))
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            return None
+        if holder is None:
+            return None
+        return LeaseEvent(kind=kind, holder=holder)
+
+    async def close(self) -> None:
+        try:
+            await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+        except Exception:  # closing a broken connection may fail; nothing to do about it
+            return

@@ -1,0 +1,172 @@
+"""Domain types shared by the election and its lease backends.
+
+This module is the bottom layer: it knows nothing about Redis. The election depends only on
+the `LeaseBackend` protocol and these values; a backend translates its own client's errors into
+`LeaseBackendError` so that no other exception type crosses the boundary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Protocol
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Holder:
+    """Who holds a lock, as stored in the lease value. Never carries the secret owner token."""
+
+    identity: str
+    fencing_token: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Lease:
+    """A lease this process was granted.
+
+    `value` is the exact string stored in the backend; it embeds the secret owner token, so it
+    is kept out of `repr()` and must never be logged or exposed.
+    """
+
+    lock: str
+    identity: str
+    fencing_token: int
+    ttl_ms: int
+    value: str = dataclasses.field(repr=False)
+
+    @property
+    def holder(self) -> Holder:
+        return Holder(identity=self.identity, fencing_token=self.fencing_token)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Granted:
+    """Acquire result: the lock was free and is now ours."""
+
+    lease: Lease
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Held:
+    """Acquire result: someone else holds the lock.
+
+    `holder` is None when the stored value is not in elector's format (written by someone else).
+    `remaining_ms` is the holder's remaining time to live, or None when the key has no expiry.
+    """
+
+    holder: Holder | None
+    remaining_ms: int | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QuietPeriod:
+    """Acquire result: no grants until `remaining_ms` passes (the backend lost its data)."""
+
+    remaining_ms: int
+
+
+AcquireResult = Granted | Held | QuietPeriod
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Renewed:
+    """Renew result: the TTL was replaced; the lease is ours for another ttl from the request."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Lost:
+    """Renew result: the key is gone, expired or holds another value. Never retried."""
+
+    holder: Holder | None
+    remaining_ms: int | None
+
+
+RenewResult = Renewed | Lost
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Observation:
+    """A read-only look at a lock, taken without contending."""
+
+    holder: Holder | None
+    #: True when a value exists but is not in elector's format.
+    unrecognised_value: bool
+    remaining_ms: int | None
+    #: The highest fencing token ever issued for the lock (None: the counter is missing).
+    last_fencing_token: int | None
+    #: Milliseconds left in a data-loss quiet period (0 when none).
+    quiet_remaining_ms: int
+
+
+class LeaseEventKind(enum.StrEnum):
+    ACQUIRED = "acquired"
+    RELEASED = "released"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LeaseEvent:
+    """A change of a lock announced by the backend (Redis pub/sub)."""
+
+    kind: LeaseEventKind
+    holder: Holder
+
+
+class BackendErrorKind(enum.StrEnum):
+    CONNECTION = "connection"  # cannot reach the server, or the connection broke
+    TIMEOUT = "timeout"  # no answer within the per-request timeout
+    AUTH = "auth"  # authentication or permission refused
+    DATA = "data"  # the data in the backend is not what elector wrote (wrong type, garbage)
+    SERVER = "server"  # any other error answered by the server
+
+
+class LeaseBackendError(Exception):
+    """The one error type a lease backend raises. Its message never contains secrets."""
+
+    def __init__(self, message: str, *, kind: BackendErrorKind) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class LeaseEventSubscription(Protocol):
+    """A live subscription to a lock's change announcements."""
+
+    async def next_event(self, timeout_s: float) -> LeaseEvent | None:
+        """Wait up to `timeout_s` for an event; None on timeout.
+
+        Raises LeaseBackendError when the subscription is broken (the caller re-subscribes).
+        Keep-alives are the subscription's own business.
+        """
+        ...
+
+    async def close(self) -> None: ...
+
+
+class LeaseBackend(Protocol):
+    """The lease protocol of one named lock, as the election sees it.
+
+    Every method is a single request with the backend's own per-request timeout; none retries.
+    Every method raises only LeaseBackendError.
+    """
+
+    @property
+    def lock(self) -> str: ...
+
+    async def acquire(self, identity: str, *, ttl_ms: int) -> AcquireResult:
+        """Grant the lock if free (with a new fencing token), else report holder and PTTL."""
+        ...
+
+    async def renew(self, lease: Lease) -> RenewResult:
+        """Replace the TTL if the lock still holds `lease`; never re-creates a lapsed key."""
+        ...
+
+    async def release(self, lease: Lease) -> bool:
+        """Delete the lock if it still holds `lease` and announce it; False if it was not ours."""
+        ...
+
+    async def observe(self) -> Observation:
+        """Read the lock's state without contending."""
+        ...
+
+    async def subscribe(self, *, keepalive_s: float) -> LeaseEventSubscription:
+        """Subscribe to the lock's change announcements; check the link after `keepalive_s` of silence."""
+        ...

@@ -1,0 +1,82 @@
+"""Redis connection settings: URL checks, password files, redaction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from elector.backend import InvalidRedisSettingsError, RedisSettings, make_client, redact_url
+
+# --- redact_url ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("redis://user:secret@host:6379/0", "redis://user:***@host:6379/0"),
+        ("redis://:secret@host:6379", "redis://:***@host:6379"),
+        ("rediss://default:p%40ss@cache.example:6380/1", "rediss://default:***@cache.example:6380/1"),
+        ("redis://u:p@ss/word@host:6379/0", "redis://u:***@host:6379/0"),
+        ("unix://:pw@/var/run/redis.sock?db=0", "unix://:***@/var/run/redis.sock?db=0"),
+        ("redis://host:6379/0?password=secret&db=1", "redis://host:6379/0?password=***&db=1"),
+        ("unix:///tmp/redis.sock?db=0&Password=x#frag", "unix:///tmp/redis.sock?db=0&Password=***#frag"),
+        ("redis://host:6379/0", "redis://host:6379/0"),
+        ("redis://user@host:6379", "redis://user@host:6379"),
+        ("unix:///tmp/redis.sock", "unix:///tmp/redis.sock"),
+        ("not a url", "not a url"),
+    ],
+)
+def test_redact_url(url: str, expected: str) -> None:
+    assert redact_url(url) == expected
+
+
+# --- settings checks ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "fragment"),
+    [
+        ("http://host:6379", "must start with redis://, rediss:// or unix://"),
+        ("redis://", "has no host"),
+        ("redis://host:notaport/0", "invalid port"),
+        ("redis://:secret@host:99999/0", "invalid port"),
+        ("unix://", "no socket path"),
+    ],
+)
+def test_bad_urls_are_refused_with_a_clear_message_and_no_secret(url: str, fragment: str) -> None:
+    with pytest.raises(InvalidRedisSettingsError, match=fragment) as info:
+        RedisSettings(url=url).validate()
+    assert "secret" not in str(info.value)
+
+
+def test_password_file_is_read_and_stripped(tmp_path: Path) -> None:
+    secret = tmp_path / "password"
+    secret.write_text("s3cret\n")
+    assert RedisSettings(url="redis://h:6379", password_file=secret).read_password() == "s3cret"
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"), [(None, "cannot read"), ("", "is empty"), ("\n", "is empty")]
+)
+def test_bad_password_files_are_refused(tmp_path: Path, content: str | None, fragment: str) -> None:
+    path = tmp_path / "password"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(InvalidRedisSettingsError, match=fragment):
+        RedisSettings(url="redis://h:6379", password_file=path).validate()
+
+
+async def test_client_has_no_hidden_retries_and_short_timeouts(tmp_path: Path) -> None:
+    secret = tmp_path / "password"
+    secret.write_text("pw-from-file")
+    client = make_client(
+        RedisSettings(url="redis://user:inurl@h:6379/2", password_file=secret, request_timeout_s=0.3),
+        client_name="elector:test",
+    )
+    kwargs = client.connection_pool.connection_kwargs
+    assert kwargs["socket_timeout"] == 0.3 and kwargs["socket_connect_timeout"] == 0.3
+    assert kwargs["password"] == "pw-from-file"  # the file wins over the URL
+    assert kwargs["username"] == "user" and kwargs["db"] == 2
+    assert client.get_retry() is not None and client.get_retry().get_retries() == 0
+    await client.aclose()
