@@ -1,0 +1,526 @@
+"""The election state machine for one lock.
+
+    follower --granted--> leader --renewed--> leader
+    leader --lost / announced lost--> follower                      (nothing to release)
+    leader --renew deadline / validity expired--> stepping_down --release--> follower
+    leader --stop()--> stepping_down --release--> stopped
+
+Time is an injected monotonic clock (seconds). Validity is counted from the moment a request was
+SENT, never from when its answer came back: Redis starts the TTL somewhere in between, so the
+send time is the conservative end. A leader believes it leads until
+`send time of its last successful renewal + ttl - safety margin` and steps down at the renew
+deadline, which comes earlier.
+
+Followers subscribe to the lock's announcements before their first try, then sleep until the
+holder's lease would run out (its PTTL plus a small jitter), a release announcement, or a re-check
+cap, whichever comes first: no fixed polling period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import logging
+import random
+from collections.abc import Awaitable, Callable
+
+from elector.election.hooks import ElectionHooks
+from elector.election.outcome import CycleOutcome, ElectionStatus, OutcomeKind, State, StepDownReason
+from elector.election.timing import ElectionTiming
+from elector.lease import (
+    Granted,
+    Held,
+    Holder,
+    Lease,
+    LeaseBackend,
+    LeaseBackendError,
+    LeaseEvent,
+    LeaseEventKind,
+    Lost,
+    QuietPeriod,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Upper bound of the random delay added to a follower's wake-up, seconds.
+MAX_WAKE_JITTER_S = 0.01
+#: A flood of announcements must not become a flood of requests.
+MIN_ATTEMPT_SPACING_S = 0.005
+#: Waits shorter than this are due now (like asyncio's own clock resolution); sleeping them can
+#: spin on clocks that round timers.
+CLOCK_RESOLUTION_S = 1e-4
+
+
+class Election:
+    """Contends for one lock, holds it while it can, and says at every step what it did."""
+
+    def __init__(
+        self,
+        backend: LeaseBackend,
+        *,
+        identity: str,
+        timing: ElectionTiming,
+        hooks: ElectionHooks | None = None,
+        clock: Callable[[], float] | None = None,
+        rng: random.Random | None = None,
+        subscription_keepalive_s: float | None = None,
+    ) -> None:
+        timing.validate()
+        self._backend = backend
+        self._identity = identity
+        self._timing = timing
+        self._hooks = hooks or ElectionHooks()
+        self._clock = clock or asyncio.get_running_loop().time
+        self._rng = rng or random.Random()
+        # The idle follower's request budget leaves room for one PING per ~6 ttl at most.
+        self._keepalive_s = subscription_keepalive_s or max(60.0, 6 * timing.ttl_s)
+
+        self._state = State.FOLLOWER
+        self._lease: Lease | None = None
+        self._last_renew_sent_at = 0.0
+        self._valid_until = 0.0
+        self._pending_release: Lease | None = None
+        self._pending_release_reason: StepDownReason | None = None
+        self._lost_to: Holder | None = None  # set by an announcement while leading
+
+        self._holder: Holder | None = None
+        self._holder_expires_at: float | None = None
+        self._last_backend_ok_at: float | None = None
+        self._backend_up = False
+        self._failures_in_a_row = 0
+        self._last_attempt_at: float | None = None
+
+        self._started = False
+        self._cycle_due_by: float | None = None
+        self._stop_requested = False
+        self._wakeup = asyncio.Event()
+        self._events: collections.deque[LeaseEvent] = collections.deque(maxlen=64)
+        self._subscribed = asyncio.Event()
+        self._resubscribed = False
+
+    # -- observation ---------------------------------------------------------------------------
+
+    @property
+    def lock(self) -> str:
+        return self._backend.lock
+
+    @property
+    def identity(self) -> str:
+        return self._identity
+
+    @property
+    def timing(self) -> ElectionTiming:
+        return self._timing
+
+    def status(self) -> ElectionStatus:
+        now = self._clock()
+        is_leader = self._state is State.LEADER and now < self._valid_until
+        if self._state is State.LEADER:
+            remaining: float | None = max(0.0, self._valid_until - now)
+        elif self._holder_expires_at is not None and self._holder is not None:
+            remaining = max(0.0, self._holder_expires_at - now)
+        else:
+            remaining = None
+        return ElectionStatus(
+            lock=self.lock,
+            identity=self._identity,
+            state=self._state,
+            is_leader=is_leader,
+            holder=self._holder,
+            fencing_token=self._lease.fencing_token if is_leader and self._lease else None,
+            lease_remaining_s=remaining,
+            started=self._started,
+            last_backend_ok_at=self._last_backend_ok_at,
+            cycle_due_by=self._cycle_due_by,
+            backend_up=self._backend_up,
+            now=now,
+        )
+
+    # -- control -------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the election to finish: a leader stops its work and releases; a follower exits."""
+        self._stop_requested = True
+        self._wakeup.set()
+
+    async def run(self) -> None:
+        """Contend, lead and step down until `stop()`; returns after releasing a held lease."""
+        self._started = True
+        listener = asyncio.create_task(self._listen(), name=f"elector:{self.lock}:announcements")
+        try:
+            # Subscribe before the first try, so that no release can slip in between. Without a
+            # subscription we still work, only slower to notice releases.
+            self._cycle_due_by = self._clock() + 2 * self._timing.request_timeout_s
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2 * self._timing.request_timeout_s):
+                    await self._subscribed.wait()
+            while True:
+                if self._stop_requested and self._state is not State.STEPPING_DOWN:
+                    if self._state is State.LEADER:
+                        await self._begin_step_down(StepDownReason.SHUTDOWN, release=True)
+                    if self._pending_release is None:
+                        break
+                outcome = await self.step()
+                if outcome.next_cycle_at is None:
+                    continue
+                await self._sleep_until(outcome.next_cycle_at)
+        finally:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+            self._state = State.STOPPED
+
+    async def step(self) -> CycleOutcome:
+        """Run one cycle in the current state and return what it did."""
+        self._last_attempt_at = self._clock()
+        if self._state is State.STEPPING_DOWN:
+            outcome = await self._release_cycle()
+        elif self._state is State.LEADER:
+            outcome = await self._leader_cycle()
+        else:
+            outcome = await self._follower_cycle()
+        if outcome.next_cycle_at is not None:
+            self._cycle_due_by = outcome.next_cycle_at
+        self._emit(outcome)
+        return outcome
+
+    # -- follower ------------------------------------------------------------------------------
+
+    async def _follower_cycle(self) -> CycleOutcome:
+        sent = self._clock()
+        self._cycle_due_by = sent + self._timing.request_timeout_s
+        try:
+            async with asyncio.timeout(self._timing.request_timeout_s):
+                result = await self._backend.acquire(self._identity, ttl_ms=self._timing.ttl_ms)
+        except (LeaseBackendError, TimeoutError) as exc:
+            return self._failed(OutcomeKind.ACQUIRE_ERROR, sent=sent, error=_describe(exc))
+        received = self._clock()
+        self._backend_ok(received)
+
+        if isinstance(result, Granted):
+            lease = result.lease
+            self._lease = lease
+            self._last_renew_sent_at = sent
+            self._valid_until = sent + self._timing.validity_s
+            self._lost_to = None
+            self._state = State.LEADER
+            self._observe_holder(lease.holder, expires_at=sent + self._timing.ttl_s)
+            await self._call_hook("on_started_leading", self._hooks.on_started_leading(lease))
+            return CycleOutcome(
+                kind=OutcomeKind.ACQUIRED,
+                state=self._state,
+                at=sent,
+                duration_s=received - sent,
+                holder=lease.holder,
+                remaining_ms=_ms(self._valid_until - received),
+                next_cycle_at=sent + self._timing.renew_interval_s,
+            )
+
+        cap = received + self._timing.ttl_s
+        if isinstance(result, Held):
+            expires_at = None if result.remaining_ms is None else received + result.remaining_ms / 1000
+            self._observe_holder(result.holder, expires_at=expires_at)
+            wake = cap if expires_at is None else min(cap, expires_at + self._jitter())
+            return CycleOutcome(
+                kind=OutcomeKind.HELD,
+                state=self._state,
+                at=sent,
+                duration_s=received - sent,
+                holder=result.holder,
+                remaining_ms=result.remaining_ms,
+                next_cycle_at=wake,
+            )
+
+        assert isinstance(result, QuietPeriod)
+        self._observe_holder(None, expires_at=None)
+        return CycleOutcome(
+            kind=OutcomeKind.QUIET_PERIOD,
+            state=self._state,
+            at=sent,
+            duration_s=received - sent,
+            remaining_ms=result.remaining_ms,
+            next_cycle_at=min(cap, received + result.remaining_ms / 1000 + self._jitter()),
+        )
+
+    # -- leader --------------------------------------------------------------------------------
+
+    async def _leader_cycle(self) -> CycleOutcome:
+        assert self._lease is not None
+        now = self._clock()
+        if self._lost_to is not None:
+            holder = self._lost_to
+            await self._begin_step_down(StepDownReason.LOST, release=False, holder=holder)
+            return self._stepped_down(OutcomeKind.STEPPED_DOWN, StepDownReason.LOST, at=now, holder=holder)
+        if now >= self._valid_until:
+            # We were not scheduled in time (paused, starved): the lease may be gone already.
+            await self._begin_step_down(StepDownReason.LEASE_EXPIRED, release=True)
+            return self._stepped_down(OutcomeKind.STEPPED_DOWN, StepDownReason.LEASE_EXPIRED, at=now)
+        deadline = self._last_renew_sent_at + self._timing.renew_deadline_s
+        if now >= deadline:
+            await self._begin_step_down(StepDownReason.RENEW_DEADLINE, release=True)
+            return self._stepped_down(OutcomeKind.STEPPED_DOWN, StepDownReason.RENEW_DEADLINE, at=now)
+
+        sent = now
+        self._cycle_due_by = sent + self._timing.request_timeout_s
+        try:
+            async with asyncio.timeout(min(self._timing.request_timeout_s, deadline - sent)):
+                result = await self._backend.renew(self._lease)
+        except (LeaseBackendError, TimeoutError) as exc:
+            received = self._clock()
+            error = _describe(exc)
+            if received >= deadline:
+                await self._begin_step_down(StepDownReason.RENEW_DEADLINE, release=True)
+                self._note_failure()
+                return self._stepped_down(
+                    OutcomeKind.RENEW_ERROR,
+                    StepDownReason.RENEW_DEADLINE,
+                    at=sent,
+                    duration_s=received - sent,
+                    error=error,
+                )
+            outcome = self._failed(OutcomeKind.RENEW_ERROR, sent=sent, error=error)
+            retry_at = min(received + self._timing.retry_delay_s, deadline)
+            return _replace_next(outcome, retry_at)
+        received = self._clock()
+        self._backend_ok(received)
+
+        if isinstance(result, Lost):
+            await self._begin_step_down(StepDownReason.LOST, release=False, holder=result.holder)
+            expires_at = None if result.remaining_ms is None else received + result.remaining_ms / 1000
+            self._observe_holder(result.holder, expires_at=expires_at)
+            return self._stepped_down(
+                OutcomeKind.RENEW_LOST,
+                StepDownReason.LOST,
+                at=sent,
+                duration_s=received - sent,
+                holder=result.holder,
+            )
+
+        self._last_renew_sent_at = sent
+        self._valid_until = sent + self._timing.validity_s
+        self._holder_expires_at = sent + self._timing.ttl_s
+        return CycleOutcome(
+            kind=OutcomeKind.RENEWED,
+            state=self._state,
+            at=sent,
+            duration_s=received - sent,
+            holder=self._lease.holder,
+            remaining_ms=_ms(self._valid_until - received),
+            next_cycle_at=sent + self._timing.renew_interval_s,
+        )
+
+    async def _begin_step_down(
+        self, reason: StepDownReason, *, release: bool, holder: Holder | None = None
+    ) -> None:
+        """Stop leader work first (the lease is still ours meanwhile), then drop the lease."""
+        lease = self._lease
+        self._state = State.STEPPING_DOWN
+        await self._call_hook("on_stopped_leading", self._hooks.on_stopped_leading(reason))
+        self._lease = None
+        self._lost_to = None
+        self._valid_until = 0.0
+        if release and lease is not None:
+            self._pending_release = lease
+            self._pending_release_reason = reason
+        else:
+            self._state = State.FOLLOWER
+            if holder is None:
+                self._observe_holder(None, expires_at=None)
+
+    def _stepped_down(
+        self,
+        kind: OutcomeKind,
+        reason: StepDownReason,
+        *,
+        at: float,
+        duration_s: float | None = None,
+        holder: Holder | None = None,
+        error: str | None = None,
+    ) -> CycleOutcome:
+        # After a step-down, release at once (pending) or contend again at once.
+        return CycleOutcome(
+            kind=kind,
+            state=self._state,
+            at=at,
+            duration_s=duration_s,
+            holder=holder,
+            step_down_reason=reason,
+            error=error,
+            next_cycle_at=self._clock(),
+        )
+
+    async def _release_cycle(self) -> CycleOutcome:
+        lease, reason = self._pending_release, self._pending_release_reason
+        assert lease is not None
+        self._pending_release = None
+        self._pending_release_reason = None
+        sent = self._clock()
+        self._cycle_due_by = sent + self._timing.request_timeout_s
+        kind = OutcomeKind.RELEASED
+        error = None
+        try:
+            async with asyncio.timeout(self._timing.request_timeout_s):
+                released = await self._backend.release(lease)
+            self._backend_ok(self._clock())
+            if not released:
+                kind, error = OutcomeKind.RELEASE_FAILED, "the lease was no longer ours"
+        except (LeaseBackendError, TimeoutError) as exc:
+            kind, error = OutcomeKind.RELEASE_FAILED, _describe(exc)
+            self._note_failure()
+        received = self._clock()
+        self._state = State.STOPPED if reason is StepDownReason.SHUTDOWN else State.FOLLOWER
+        self._observe_holder(None, expires_at=None)
+        return CycleOutcome(
+            kind=kind,
+            state=self._state,
+            at=sent,
+            duration_s=received - sent,
+            holder=lease.holder,
+            # A shutdown's step-down is reported here, where it completes.
+            step_down_reason=reason if reason is StepDownReason.SHUTDOWN else None,
+            error=error,
+            next_cycle_at=None if reason is StepDownReason.SHUTDOWN else received,
+        )
+
+    # -- shared helpers ------------------------------------------------------------------------
+
+    def _failed(self, kind: OutcomeKind, *, sent: float, error: str) -> CycleOutcome:
+        received = self._clock()
+        self._note_failure()
+        # Exponential back-off with jitter, capped so a recovered Redis is noticed quickly.
+        cap = min(self._timing.renew_interval_s, 2.0)
+        base = min(0.1, self._timing.renew_interval_s / 4)
+        delay = min(cap, base * 2 ** min(self._failures_in_a_row - 1, 16))
+        delay *= self._rng.uniform(0.5, 1.0)
+        return CycleOutcome(
+            kind=kind,
+            state=self._state,
+            at=sent,
+            duration_s=received - sent,
+            holder=self._holder,
+            error=error,
+            next_cycle_at=received + delay,
+        )
+
+    def _note_failure(self) -> None:
+        self._failures_in_a_row += 1
+        self._backend_up = False
+
+    def _backend_ok(self, at: float) -> None:
+        self._failures_in_a_row = 0
+        self._backend_up = True
+        self._last_backend_ok_at = at
+
+    def _jitter(self) -> float:
+        return self._rng.uniform(0.0, min(MAX_WAKE_JITTER_S, self._timing.ttl_s * 0.001))
+
+    def _observe_holder(self, holder: Holder | None, *, expires_at: float | None) -> None:
+        changed = holder != self._holder
+        self._holder = holder
+        self._holder_expires_at = expires_at
+        if changed:
+            try:
+                self._hooks.on_new_leader(holder)
+            except Exception:
+                logger.exception("on_new_leader hook failed", extra={"lock": self.lock})
+
+    def _emit(self, outcome: CycleOutcome) -> None:
+        try:
+            self._hooks.on_outcome(outcome)
+        except Exception:
+            logger.exception("on_outcome hook failed", extra={"lock": self.lock})
+
+    async def _call_hook(self, name: str, call: Awaitable[None]) -> None:
+        try:
+            await call
+        except Exception:
+            logger.exception("%s hook failed", name, extra={"lock": self.lock})
+
+    # -- waiting and announcements -------------------------------------------------------------
+
+    async def _sleep_until(self, when: float) -> None:
+        """Sleep until `when`, a stop request, or an announcement that calls for a cycle now."""
+        while not self._stop_requested:
+            if self._handle_announcements():
+                earliest = (self._last_attempt_at or 0.0) + MIN_ATTEMPT_SPACING_S
+                when = min(when, max(earliest, self._clock()))
+            remaining = when - self._clock()
+            if remaining <= CLOCK_RESOLUTION_S:
+                return
+            self._wakeup.clear()
+            if self._events or self._resubscribed:
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._wakeup.wait()
+
+    def _handle_announcements(self) -> bool:
+        """Apply queued announcements; True when the next cycle should run now."""
+        run_now = False
+        if self._resubscribed:
+            # Announcements may have been missed while unsubscribed: look again.
+            self._resubscribed = False
+            run_now = self._state is State.FOLLOWER
+        while self._events:
+            event = self._events.popleft()
+            if self._state is State.LEADER and self._lease is not None:
+                if event.kind is LeaseEventKind.ACQUIRED and (
+                    event.holder.fencing_token != self._lease.fencing_token
+                ):
+                    # Someone was granted the lock, so our key is gone: stop leading now.
+                    self._lost_to = event.holder
+                    run_now = True
+            elif self._state is State.FOLLOWER:
+                if event.kind is LeaseEventKind.RELEASED:
+                    if self._holder is None or event.holder.fencing_token >= self._holder.fencing_token:
+                        self._observe_holder(None, expires_at=None)
+                    run_now = True
+                elif self._holder is None or event.holder.fencing_token > self._holder.fencing_token:
+                    self._observe_holder(event.holder, expires_at=self._holder_expires_at)
+        return run_now
+
+    async def _listen(self) -> None:
+        """Keep a subscription to the lock's announcements for as long as the election runs."""
+        failures = 0
+        while True:
+            try:
+                async with asyncio.timeout(2 * self._timing.request_timeout_s):
+                    subscription = await self._backend.subscribe(keepalive_s=self._keepalive_s)
+            except (LeaseBackendError, TimeoutError) as exc:
+                failures += 1
+                logger.debug("cannot subscribe to announcements: %s", _describe(exc))
+                await asyncio.sleep(min(30.0, 0.2 * 2 ** min(failures, 8)) * self._rng.uniform(0.5, 1))
+                continue
+            if failures or self._subscribed.is_set():
+                self._resubscribed = True
+                self._wakeup.set()
+            failures = 0
+            self._subscribed.set()
+            try:
+                while True:
+                    event = await subscription.next_event(timeout_s=self._keepalive_s)
+                    if event is not None:
+                        self._events.append(event)
+                        self._wakeup.set()
+            except LeaseBackendError as exc:
+                logger.debug("announcement subscription broke: %s", exc)
+                failures += 1
+            finally:
+                await subscription.close()
+            await asyncio.sleep(min(30.0, 0.2 * 2 ** min(failures, 8)) * self._rng.uniform(0.5, 1))
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "Redis did not answer in time"
+    return str(exc)
+
+
+def _ms(seconds: float) -> int:
+    return max(0, round(seconds * 1000))
+
+
+def _replace_next(outcome: CycleOutcome, next_cycle_at: float) -> CycleOutcome:
+    return dataclasses.replace(outcome, next_cycle_at=next_cycle_at)

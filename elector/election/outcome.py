@@ -1,0 +1,105 @@
+"""Values the election produces: its state, the outcome of each cycle, and status snapshots.
+
+Every cycle of the election returns one `CycleOutcome`. Adapters (logs, metrics) consume these
+values instead of reaching into the state machine, and tests assert on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from elector.lease import Holder
+
+
+class State(enum.StrEnum):
+    FOLLOWER = "follower"
+    LEADER = "leader"
+    STEPPING_DOWN = "stepping_down"
+    STOPPED = "stopped"
+
+
+class StepDownReason(enum.StrEnum):
+    #: A renewal (or an announcement) showed the key gone, expired or held by another value.
+    LOST = "lost"
+    #: Renewals kept failing until the renew deadline; stepped down before the lease could expire.
+    RENEW_DEADLINE = "renew_deadline"
+    #: Our own validity had already run out when we looked (the process was paused or starved).
+    LEASE_EXPIRED = "lease_expired"
+    #: The daemon is stopping; the lease is released.
+    SHUTDOWN = "shutdown"
+
+
+class OutcomeKind(enum.StrEnum):
+    """What the request of a cycle found. Whether the cycle ended leadership is told apart, by
+    `CycleOutcome.step_down_reason`."""
+
+    ACQUIRED = "acquired"  # follower -> leader
+    HELD = "held"  # someone else holds the lock
+    QUIET_PERIOD = "quiet_period"  # the backend refuses grants after a data loss
+    ACQUIRE_ERROR = "acquire_error"  # the attempt failed (Redis unreachable, timeout, bad data)
+    RENEWED = "renewed"
+    RENEW_LOST = "renew_lost"  # the renewal found the key gone or foreign: stepped down at once
+    RENEW_ERROR = "renew_error"  # a renewal failed; retried until the renew deadline
+    STEPPED_DOWN = "stepped_down"  # a step-down without a request (expired validity, announcement)
+    RELEASED = "released"  # the lease was deleted (on shutdown, or after a deadline step-down)
+    RELEASE_FAILED = "release_failed"  # could not release; the lease will expire by its ttl
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CycleOutcome:
+    """What one cycle of the election did and what it decided."""
+
+    kind: OutcomeKind
+    #: The state after this cycle.
+    state: State
+    #: Clock time (monotonic seconds) when the request of this cycle was sent.
+    at: float
+    #: Round trip of the request, seconds; None when no request completed.
+    duration_s: float | None = None
+    #: The holder observed by this cycle (ourselves when leading), if known.
+    holder: Holder | None = None
+    #: Remaining lease time: our own validity when leading, the holder's PTTL otherwise.
+    remaining_ms: int | None = None
+    #: Clock time at which the next cycle is due (absent announcements).
+    next_cycle_at: float | None = None
+    #: Set when this cycle ended our leadership, and why.
+    step_down_reason: StepDownReason | None = None
+    #: A short, secret-free description of the error, for logs.
+    error: str | None = None
+
+    @property
+    def is_transition(self) -> bool:
+        """Whether this outcome changes the role (worth an INFO log line)."""
+        return self.step_down_reason is not None or self.kind in (
+            OutcomeKind.ACQUIRED,
+            OutcomeKind.RELEASED,
+            OutcomeKind.RELEASE_FAILED,
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ElectionStatus:
+    """A snapshot of the election, computed at the moment it is asked for."""
+
+    lock: str
+    identity: str
+    state: State
+    #: Leading right now: state is leader AND our validity has not run out.
+    is_leader: bool
+    #: The current holder as last observed (ourselves when leading), or None.
+    holder: Holder | None
+    #: Our fencing token while leading, else None.
+    fencing_token: int | None
+    #: Leader: our own remaining validity; follower: the holder's remaining PTTL as last seen.
+    lease_remaining_s: float | None
+    #: Whether the election loop has begun its first cycle.
+    started: bool
+    #: Clock time of the last successful exchange with the backend, or None.
+    last_backend_ok_at: float | None
+    #: Clock time by which the loop should have finished its current wait or request.
+    cycle_due_by: float | None
+    #: Whether the last exchange with the backend succeeded.
+    backend_up: bool
+    #: The clock reading this snapshot was computed at.
+    now: float
