@@ -1,0 +1,216 @@
+"""The HTTP endpoints: liveness, readiness, leadership and metrics.
+
+Probes read a fresh `ElectionStatus` snapshot on every request; nothing here keeps state of its
+own. Liveness only asks whether the election loop is still turning (a Redis outage must not get
+the pod restarted); readiness asks whether Redis answered recently; `/leader` tells the role,
+for Services that route to the leader only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import logging
+import re
+from collections.abc import Callable
+
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+from prometheus_client import CollectorRegistry
+from prometheus_client.aiohttp import make_aiohttp_handler
+
+from elector.election.outcome import ElectionStatus
+
+StatusProvider = Callable[[], ElectionStatus]
+
+_ADDRESS_EXAMPLE = "expected HOST:PORT, e.g. 0.0.0.0:8080, :8080 or [::]:8080"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+#: A DNS name or dotted IPv4 address; anything else cannot be listened on anyway.
+_HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
+_MAX_PORT = 65535
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HttpSettings:
+    host: str = "0.0.0.0"
+    #: 0 asks the system for a free port (see `HttpServer.bound_port`).
+    port: int = 8080
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= _MAX_PORT:
+            raise ValueError(f"HTTP port {self.port} is out of range 0..{_MAX_PORT}")
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_http_address(text: str) -> HttpSettings:
+    """Parse `HOST:PORT` (`:PORT` listens on all IPv4 interfaces, `[::]:PORT` on IPv6)."""
+    value = text.strip()
+    if not value:
+        raise ValueError(f"empty HTTP address; {_ADDRESS_EXAMPLE}")
+    host, sep, port_text = value.rpartition(":")
+    if not sep:
+        raise ValueError(f"HTTP address {text!r} has no port; {_ADDRESS_EXAMPLE}")
+    if not port_text.isascii() or not port_text.isdigit():
+        raise ValueError(f"HTTP address {text!r} has a non-numeric port {port_text!r}; {_ADDRESS_EXAMPLE}")
+    port = int(port_text)
+    if port > _MAX_PORT:
+        raise ValueError(f"HTTP address {text!r} has port {port} out of range 0..{_MAX_PORT}")
+    return HttpSettings(host=_parse_host(host, text=text), port=port)
+
+
+def _parse_host(host: str, *, text: str) -> str:
+    if not host:
+        return "0.0.0.0"
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            return str(ipaddress.IPv6Address(host[1:-1]))
+        except ValueError:
+            raise ValueError(f"HTTP address {text!r} has an invalid IPv6 host; {_ADDRESS_EXAMPLE}") from None
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            pass  # not an address at all (a URL?): reported as an invalid host below
+        else:
+            raise ValueError(f"HTTP address {text!r}: put an IPv6 host in brackets; {_ADDRESS_EXAMPLE}")
+    if len(host) > 253 or not _HOSTNAME.fullmatch(host):
+        raise ValueError(f"HTTP address {text!r} has an invalid host {host!r}; {_ADDRESS_EXAMPLE}")
+    return host
+
+
+def _json(body: dict[str, object], *, status: int = 200) -> web.Response:
+    # Probe answers describe this instant; a cache in between must never replay them.
+    return web.json_response(body, status=status, headers={"Cache-Control": "no-store"})
+
+
+def _fail(reason: str) -> web.Response:
+    return _json({"status": "fail", "reason": reason}, status=503)
+
+
+def _error_middleware(logger: logging.Logger) -> Middleware:
+    @web.middleware
+    async def never_500(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException:
+            raise  # 404, 405 and friends, answered by aiohttp itself
+        except Exception:
+            # A probe that sees 500 may be treated as a crash; 503 says "not now" instead.
+            logger.exception("http_handler_failed", extra={"path": request.path, "method": request.method})
+            return _json({"status": "error", "reason": "internal error; see the daemon's logs"}, status=503)
+
+    return never_500
+
+
+def make_http_app(
+    *,
+    status: StatusProvider,
+    registry: CollectorRegistry,
+    liveness_grace_s: float,
+    readiness_window_s: float,
+    logger: logging.Logger | None = None,
+) -> web.Application:
+    """The application serving /healthz, /readyz, /leader and /metrics.
+
+    `liveness_grace_s`: how far past `cycle_due_by` the loop may be before liveness fails.
+    `readiness_window_s`: how old the last successful Redis exchange may be while ready.
+    """
+    log = logging.getLogger("elector.http") if logger is None else logger
+
+    async def healthz(request: web.Request) -> web.Response:
+        snapshot = status()
+        if not snapshot.started:
+            return _fail("the election loop has not started")
+        due_by = snapshot.cycle_due_by
+        if due_by is not None and snapshot.now > due_by + liveness_grace_s:
+            return _fail(f"the election loop is stuck: its cycle is {snapshot.now - due_by:.1f}s overdue")
+        return _json({"status": "ok"})
+
+    async def readyz(request: web.Request) -> web.Response:
+        snapshot = status()
+        if not snapshot.started:
+            return _fail("the election loop has not started")
+        last_ok = snapshot.last_backend_ok_at
+        if last_ok is None:
+            return _fail("no successful Redis exchange yet")
+        age_s = snapshot.now - last_ok
+        if age_s > readiness_window_s:
+            return _fail(f"no successful Redis exchange for {age_s:.1f}s")
+        return _json({"status": "ok"})
+
+    async def leader(request: web.Request) -> web.Response:
+        snapshot = status()
+        asked = request.query.getall("lock", [])
+        unknown = [name for name in asked if name != snapshot.lock]
+        if unknown:
+            return _json({"status": "error", "reason": f"unknown lock {unknown[0]!r}"}, status=404)
+        return _json(_leader_body(snapshot), status=200 if snapshot.is_leader else 503)
+
+    app = web.Application(middlewares=[_error_middleware(log)])
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/leader", leader)
+    app.router.add_get("/metrics", make_aiohttp_handler(registry))
+    return app
+
+
+def _leader_body(snapshot: ElectionStatus) -> dict[str, object]:
+    holder = snapshot.holder
+    remaining = snapshot.lease_remaining_s
+    return {
+        "lock": snapshot.lock,
+        "identity": snapshot.identity,
+        "is_leader": snapshot.is_leader,
+        "holder": None if holder is None else holder.identity,
+        "holder_fencing_token": None if holder is None else holder.fencing_token,
+        "fencing_token": snapshot.fencing_token if snapshot.is_leader else None,
+        "lease_remaining_ms": None if remaining is None else max(0, round(remaining * 1000)),
+        "state": snapshot.state.value,
+    }
+
+
+class HttpBindError(OSError):
+    """The HTTP server could not listen on its address (in use, not permitted, unknown host)."""
+
+
+class HttpServer:
+    """Serves an application on one address until stopped."""
+
+    def __init__(self, app: web.Application, *, settings: HttpSettings) -> None:
+        self._app = app
+        self._settings = settings
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        if self._runner is not None:
+            raise RuntimeError("the HTTP server is already started")
+        # No access log: probes every few seconds would drown the useful lines.
+        runner = web.AppRunner(self._app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self._settings.host, self._settings.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise HttpBindError(
+                exc.errno, f"cannot listen on {self._settings.address}: {exc.strerror or exc}"
+            ) from exc
+        self._runner = runner
+
+    @property
+    def bound_port(self) -> int:
+        """The port actually listened on (the system's choice when port 0 was asked)."""
+        if self._runner is None or not self._runner.addresses:
+            raise RuntimeError("the HTTP server is not started")
+        # A host resolving to several addresses gets one socket each; with port 0 their ports
+        # may differ, and the first one is reported.
+        port: int = self._runner.addresses[0][1]
+        return port
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()

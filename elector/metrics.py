@@ -1,0 +1,277 @@
+"""Prometheus metrics of the election, on an injected `CollectorRegistry`.
+
+Counters and the renewal histogram are fed by `ElectionMetrics.observe` (an `on_outcome` hook).
+The gauges are not stored anywhere: a collector reads the election's status snapshot at scrape
+time, so they can never drift from what the election itself believes.
+
+Every series carries a `lock` label. One registry holds one set of metric families
+(`MetricFamilies`) that any number of locks plug into; an exposition must not repeat a family,
+so a second lock reuses the families instead of registering new ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from elector.election.outcome import CycleOutcome, ElectionStatus, OutcomeKind, StepDownReason
+
+StatusProvider = Callable[[], ElectionStatus]
+
+#: Renewals take well under a millisecond on a local Redis and up to the request timeout
+#: (capped at 1 s) when it struggles; 2.5 s catches anything slower than a timeout allows.
+RENEW_DURATION_BUCKETS_S: tuple[float, ...] = (
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+)
+
+_ACQUIRE_RESULTS: dict[OutcomeKind, str] = {
+    OutcomeKind.ACQUIRED: "acquired",
+    OutcomeKind.HELD: "held",
+    OutcomeKind.QUIET_PERIOD: "quiet_period",
+    OutcomeKind.ACQUIRE_ERROR: "error",
+}
+_RENEW_RESULTS: dict[OutcomeKind, str] = {
+    OutcomeKind.RENEWED: "ok",
+    OutcomeKind.RENEW_LOST: "lost",
+    OutcomeKind.RENEW_ERROR: "error",
+}
+
+
+class _StatusCollector:
+    """Computes the gauges of every plugged-in lock from its status snapshot, at scrape time."""
+
+    def __init__(self) -> None:
+        self._providers: dict[str, StatusProvider] = {}
+
+    def add(self, lock: str, status: StatusProvider) -> None:
+        self._providers[lock] = status
+
+    def discard(self, lock: str) -> None:
+        self._providers.pop(lock, None)
+
+    def describe(self) -> Iterator[Metric]:
+        # Declaring the names lets the registry reject a second, clashing set of families.
+        yield from self._families()
+
+    def collect(self) -> Iterator[Metric]:
+        is_leader, remaining, fencing, info, redis_up = families = self._families()
+        # A copy: a lock may be added or removed by another thread while a scrape runs.
+        for lock, provider in list(self._providers.items()):
+            status = provider()
+            is_leader.add_metric([lock], 1.0 if status.is_leader else 0.0)
+            remaining.add_metric([lock], status.lease_remaining_s or 0.0)
+            fencing.add_metric([lock], float(_fencing_token(status)))
+            if status.holder is not None:
+                info.add_metric([lock, status.holder.identity], 1.0)
+            redis_up.add_metric([lock], 1.0 if status.backend_up else 0.0)
+        yield from families
+
+    @staticmethod
+    def _families() -> tuple[
+        GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily
+    ]:
+        return (
+            GaugeMetricFamily(
+                "elector_is_leader",
+                "1 while this process holds the lock with validity left, else 0.",
+                labels=["lock"],
+            ),
+            GaugeMetricFamily(
+                "elector_lease_remaining_seconds",
+                "Leader: our own remaining lease validity. Follower: the holder's remaining time "
+                "to live as last observed. 0 when unknown or the lock is free.",
+                labels=["lock"],
+            ),
+            GaugeMetricFamily(
+                "elector_fencing_token",
+                "Our fencing token while leading; otherwise the fencing token of the holder as "
+                "last observed; 0 when no holder is known.",
+                labels=["lock"],
+            ),
+            GaugeMetricFamily(
+                "elector_leader_info",
+                "Always 1, labelled with the identity of the lock holder as last observed; "
+                "absent while no holder is known.",
+                labels=["lock", "holder"],
+            ),
+            GaugeMetricFamily(
+                "elector_redis_up",
+                "1 when the last exchange with Redis succeeded, else 0.",
+                labels=["lock"],
+            ),
+        )
+
+
+def _fencing_token(status: ElectionStatus) -> int:
+    if status.is_leader and status.fencing_token is not None:
+        return status.fencing_token
+    if status.holder is not None:
+        return status.holder.fencing_token
+    return 0
+
+
+class MetricFamilies:
+    """The metric families of one registry, shared by every lock exported through it.
+
+    Registering it twice on one registry fails (the names clash), which is what keeps a single
+    family per name in the exposition; build it once and hand it to each `ElectionMetrics`.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        # Built unregistered, then registered together, so that a clash leaves nothing behind.
+        self.leader_transitions = Counter(
+            "elector_leader_transitions_total",
+            "Times this process became the leader (follower -> leader).",
+            ["lock"],
+            registry=None,
+        )
+        self.step_downs = Counter(
+            "elector_step_downs_total",
+            "Times this process stopped leading, by reason (lost, renew_deadline, lease_expired, shutdown).",
+            ["lock", "reason"],
+            registry=None,
+        )
+        self.acquire_attempts = Counter(
+            "elector_acquire_attempts_total",
+            "Acquire requests sent while following, by result (acquired, held, quiet_period, error).",
+            ["lock", "result"],
+            registry=None,
+        )
+        self.renewals = Counter(
+            "elector_renewals_total",
+            "Renew requests sent while leading, by result (ok, lost, error).",
+            ["lock", "result"],
+            registry=None,
+        )
+        self.renew_duration = Histogram(
+            "elector_renew_duration_seconds",
+            "Round trip of renew requests, seconds (failed ones included when they completed).",
+            ["lock"],
+            buckets=RENEW_DURATION_BUCKETS_S,
+            registry=None,
+        )
+        self.status_collector = _StatusCollector()
+        collectors: list[Collector] = [
+            self.leader_transitions,
+            self.step_downs,
+            self.acquire_attempts,
+            self.renewals,
+            self.renew_duration,
+            self.status_collector,
+        ]
+        registered: list[Collector] = []
+        try:
+            for collector in collectors:
+                registry.register(collector)
+                registered.append(collector)
+        except ValueError as exc:
+            for collector in registered:
+                registry.unregister(collector)
+            raise ValueError(
+                f"elector metrics are already registered on this registry ({exc}); "
+                "build one MetricFamilies per registry and pass it to every ElectionMetrics"
+            ) from exc
+        self._locks: set[str] = set()
+
+    def add_lock(self, lock: str, status: StatusProvider) -> None:
+        """Create every series of `lock` at 0 and start exporting its status gauges."""
+        if lock in self._locks:
+            raise ValueError(f"metrics for lock {lock!r} are already registered")
+        self._locks.add(lock)
+        # Series that exist from the start let rate() and absent-series alerts work at once.
+        self.leader_transitions.labels(lock)
+        for reason in StepDownReason:
+            self.step_downs.labels(lock, reason.value)
+        for result in _ACQUIRE_RESULTS.values():
+            self.acquire_attempts.labels(lock, result)
+        for result in _RENEW_RESULTS.values():
+            self.renewals.labels(lock, result)
+        self.renew_duration.labels(lock)
+        self.status_collector.add(lock, status)
+
+    def remove_lock(self, lock: str) -> None:
+        """Drop every series of `lock` (when a lock stops being managed)."""
+        if lock not in self._locks:
+            return
+        self._locks.discard(lock)
+        self.status_collector.discard(lock)
+        self.leader_transitions.remove(lock)
+        for reason in StepDownReason:
+            self.step_downs.remove(lock, reason.value)
+        for result in _ACQUIRE_RESULTS.values():
+            self.acquire_attempts.remove(lock, result)
+        for result in _RENEW_RESULTS.values():
+            self.renewals.remove(lock, result)
+        self.renew_duration.remove(lock)
+
+
+class ElectionMetrics:
+    """The metrics of one lock.
+
+    Pass a `CollectorRegistry` for a single lock (its families are created on it), or one
+    shared `MetricFamilies` when several locks are exported through the same registry.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | MetricFamilies,
+        *,
+        lock: str,
+        status: StatusProvider,
+    ) -> None:
+        self.families = registry if isinstance(registry, MetricFamilies) else MetricFamilies(registry)
+        self.lock = lock
+        self.families.add_lock(lock, status)
+        families = self.families
+        # Children resolved once: observe() runs every cycle and needs no label lookups.
+        self._transitions = families.leader_transitions.labels(lock)
+        self._step_downs = {r: families.step_downs.labels(lock, r.value) for r in StepDownReason}
+        self._acquires = {k: families.acquire_attempts.labels(lock, v) for k, v in _ACQUIRE_RESULTS.items()}
+        self._renewals = {k: families.renewals.labels(lock, v) for k, v in _RENEW_RESULTS.items()}
+        self._renew_duration = families.renew_duration.labels(lock)
+
+    def observe(self, outcome: CycleOutcome) -> None:
+        """Count one cycle's outcome (an `ElectionHooks.on_outcome` hook)."""
+        kind = outcome.kind
+        if kind is OutcomeKind.ACQUIRED:
+            self._transitions.inc()
+        if outcome.step_down_reason is not None:
+            self._step_downs[outcome.step_down_reason].inc()
+        acquire = self._acquires.get(kind)
+        if acquire is not None:
+            acquire.inc()
+        renewal = self._renewals.get(kind)
+        if renewal is not None:
+            renewal.inc()
+            if outcome.duration_s is not None:
+                self._renew_duration.observe(outcome.duration_s)
+
+    def close(self) -> None:
+        """Stop exporting this lock; its series disappear from the registry."""
+        self.families.remove_lock(self.lock)
+
+
+def register_process_metrics(registry: CollectorRegistry) -> None:
+    """Add the standard process_*, python_info and python_gc_* metrics to `registry`."""
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
