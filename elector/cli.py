@@ -1,0 +1,237 @@
+"""The command line: `elector run`, `elector status`, `elector demo`.
+
+Every option of `run` can also be set by an `ELECTOR_*` environment variable (shown in --help).
+Invalid settings exit with code 2 and a message naming the setting.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from elector import __version__
+from elector.config import SettingsError, build_settings, parse_duration, validate_lock_name
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class Duration(click.ParamType):  # type: ignore[type-arg]
+    """A duration such as 10s, 500ms, 1m or 1m30s, converted to seconds."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, int | float):
+            return float(value)
+        try:
+            return parse_duration(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+DURATION = Duration()
+
+
+def _envvar(name: str) -> str:
+    return f"ELECTOR_{name.upper().replace('-', '_')}"
+
+
+def redis_options(func: Any) -> Any:
+    func = click.option(
+        "--redis-password-file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        envvar=_envvar("redis-password-file"),
+        show_envvar=True,
+        help="File holding the Redis password (e.g. a mounted Secret); overrides the URL's.",
+    )(func)
+    return click.option(
+        "--redis-url",
+        envvar=_envvar("redis-url"),
+        show_envvar=True,
+        default="redis://localhost:6379/0",
+        show_default=True,
+        help="redis://[user[:password]@]host[:port][/db], rediss:// for TLS, or unix:///path.",
+    )(func)
+
+
+def lock_option(func: Any) -> Any:
+    return click.option(
+        "--lock",
+        envvar=_envvar("lock"),
+        show_envvar=True,
+        required=True,
+        help="Name of the lock the replicas compete for.",
+    )(func)
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(__version__, prog_name="elector")
+def cli() -> None:
+    """Leader election for Kubernetes workloads on a Redis lease."""
+
+
+@cli.command(context_settings=CONTEXT)
+@redis_options
+@lock_option
+@click.option(
+    "--identity",
+    envvar=_envvar("identity"),
+    show_envvar=True,
+    help="This replica's name in the lock. Default: $POD_NAME, else the host name.",
+)
+@click.option(
+    "--ttl",
+    type=DURATION,
+    default="10s",
+    show_default=True,
+    envvar=_envvar("ttl"),
+    show_envvar=True,
+    help="Lease time to live: a crashed leader is replaced at most this long after its last renewal.",
+)
+@click.option(
+    "--renew-interval",
+    type=DURATION,
+    envvar=_envvar("renew-interval"),
+    show_envvar=True,
+    help="Time between renewals while leading. Default: ttl/3.",
+)
+@click.option(
+    "--renew-deadline",
+    type=DURATION,
+    envvar=_envvar("renew-deadline"),
+    show_envvar=True,
+    help="Step down when no renewal succeeded for this long. Default: 2/3 of the ttl.",
+)
+@click.option(
+    "--request-timeout",
+    type=DURATION,
+    envvar=_envvar("request-timeout"),
+    show_envvar=True,
+    help="Timeout of each Redis request. Default: half the renew interval, at most 1s.",
+)
+@click.option(
+    "--http-address",
+    default="0.0.0.0:8080",
+    show_default=True,
+    envvar=_envvar("http-address"),
+    show_envvar=True,
+    help="host:port of the /healthz, /readyz, /leader and /metrics endpoint.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["auto", "json", "console"]),
+    default="auto",
+    show_default=True,
+    envvar=_envvar("log-format"),
+    show_envvar=True,
+    help="auto: console on a terminal, JSON lines otherwise.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default="info",
+    show_default=True,
+    envvar=_envvar("log-level"),
+    show_envvar=True,
+)
+@click.option(
+    "--exit-on-loss",
+    is_flag=True,
+    envvar=_envvar("exit-on-loss"),
+    show_envvar=True,
+    help="Exit (code 3) after losing leadership instead of contending again.",
+)
+def run(
+    *,
+    redis_url: str,
+    redis_password_file: Path | None,
+    lock: str,
+    identity: str | None,
+    ttl: float,
+    renew_interval: float | None,
+    renew_deadline: float | None,
+    request_timeout: float | None,
+    http_address: str,
+    log_format: str,
+    log_level: str,
+    exit_on_loss: bool,
+) -> None:
+    """Compete for LOCK; lead while holding it; publish the role over HTTP and metrics.
+
+    Exit codes: 0 stopped by SIGTERM/SIGINT (lease released), 1 fatal error,
+    2 invalid settings, 3 leadership lost with --exit-on-loss.
+    """
+    try:
+        settings = build_settings(
+            lock=lock,
+            identity=identity,
+            redis_url=redis_url,
+            redis_password_file=redis_password_file,
+            ttl_s=ttl,
+            renew_interval_s=renew_interval,
+            renew_deadline_s=renew_deadline,
+            request_timeout_s=request_timeout,
+            http_address=http_address,
+            log_format=log_format,
+            log_level=log_level.lower(),
+            exit_on_loss=exit_on_loss,
+        )
+    except SettingsError as exc:
+        raise click.UsageError(f"invalid setting {exc}") from None
+    from elector.app import run_daemon
+
+    sys.exit(run_daemon(settings))
+
+
+@cli.command(context_settings=CONTEXT)
+@redis_options
+@lock_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--timeout", type=DURATION, default="2s", show_default=True, help="Redis request timeout.")
+def status(
+    redis_url: str, redis_password_file: Path | None, lock: str, as_json: bool, timeout: float
+) -> None:
+    """Show who holds LOCK, its fencing token and remaining TTL, without contending.
+
+    Exit codes: 0 read (held or free), 1 Redis unreachable or unreadable, 2 invalid settings.
+    """
+    from elector.status import StatusError, read_status
+
+    try:
+        validate_lock_name(lock)
+    except SettingsError as exc:
+        raise click.UsageError(f"invalid setting {exc}") from None
+    try:
+        click.echo(
+            read_status(
+                redis_url, password_file=redis_password_file, lock=lock, timeout_s=timeout, as_json=as_json
+            )
+        )
+    except StatusError as exc:
+        if exc.usage:
+            raise click.UsageError(str(exc)) from None
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--replicas", type=click.IntRange(2, 9), default=3, show_default=True)
+@click.option("--ttl", type=DURATION, default="3s", show_default=True, help="Lease ttl of the demo replicas.")
+@click.option(
+    "--rounds", type=click.IntRange(1, 20), default=2, show_default=True, help="Leader kills to show."
+)
+@click.option(
+    "--redis-server", "redis_server", envvar="ELECTOR_REDIS_SERVER", help="redis-server binary to use."
+)
+def demo(*, replicas: int, ttl: float, rounds: int, redis_server: str | None) -> None:
+    """Watch a failover: a private Redis, several replicas, the leader killed, the takeover timed."""
+    from elector.demo import run_demo
+
+    sys.exit(run_demo(replicas=replicas, ttl_s=ttl, rounds=rounds, redis_server=redis_server))
+
+
+def main() -> None:
+    cli(prog_name="elector")
