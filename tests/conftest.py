@@ -1,0 +1,45 @@
+"""Shared fixtures: a private redis-server per test, and a fault-injecting TCP proxy in front of it.
+
+Helpers live in tests/support/ (``from tests.support.tcp_proxy import TcpProxy``); keep this
+file small.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from elector.redis_server import RedisServerNotFound, RedisServerProcess, find_redis_server
+from tests.support.tcp_proxy import TcpProxy
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Fail the whole run (not skip) if no redis-server is available: the tests need a real one."""
+    try:
+        find_redis_server()
+    except RedisServerNotFound as exc:
+        pytest.exit(f"Cannot run the tests: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServerProcess]:
+    """A fresh, empty redis-server on a free port, stopped (by PID) after the test."""
+    with RedisServerProcess() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServerProcess) -> str:
+    return redis_server.url
+
+
+@pytest.fixture
+async def tcp_proxy(redis_server: RedisServerProcess) -> AsyncIterator[TcpProxy]:
+    """A started TcpProxy in front of `redis_server`; connect to `tcp_proxy.url` to get faults."""
+    proxy = TcpProxy("127.0.0.1", redis_server.port)
+    await proxy.start()
+    try:
+        yield proxy
+    finally:
+        await proxy.stop()
