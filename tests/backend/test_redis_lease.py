@@ -1,0 +1,290 @@
+"""The lease protocol's scripts against a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+import redis.asyncio
+from redis.crc import key_slot
+
+from elector.backend import RedisLeaseBackend, RedisSettings, make_client, scripts
+from elector.lease import (
+    BackendErrorKind,
+    Granted,
+    Held,
+    LeaseBackendError,
+    LeaseEventKind,
+    Lost,
+    QuietPeriod,
+    Renewed,
+)
+from elector.redis_server import RedisServerProcess, free_tcp_port
+from tests.support.tcp_proxy import TcpProxy
+
+TTL_MS = 2000
+
+
+@pytest.fixture
+async def raw(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
+    client = redis.asyncio.Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def backend_for(redis_url: str) -> AsyncIterator[Callable[..., RedisLeaseBackend]]:
+    clients: list[redis.asyncio.Redis] = []
+
+    def make(lock: str = "jobs", *, url: str = redis_url, timeout_s: float = 0.5) -> RedisLeaseBackend:
+        client = make_client(RedisSettings(url=url, request_timeout_s=timeout_s))
+        clients.append(client)
+        return RedisLeaseBackend(client, lock=lock)
+
+    yield make
+    for client in clients:
+        await client.aclose()
+
+
+async def seed_counter(raw: redis.asyncio.Redis, lock: str = "jobs", value: int = 1) -> None:
+    """Skip the quiet period of a brand-new lock where a test is not about it."""
+    await raw.set(scripts.LockKeys(lock).fencing, value)
+
+
+async def grant(backend: RedisLeaseBackend, identity: str = "a", ttl_ms: int = TTL_MS) -> Granted:
+    result = await backend.acquire(identity, ttl_ms=ttl_ms)
+    assert isinstance(result, Granted), result
+    return result
+
+
+async def test_a_new_lock_starts_with_a_quiet_period_of_one_ttl(backend_for) -> None:
+    backend = backend_for()
+    first = await backend.acquire("a", ttl_ms=600)
+    assert isinstance(first, QuietPeriod) and 590 <= first.remaining_ms <= 600
+    again = await backend.acquire("b", ttl_ms=600)
+    assert isinstance(again, QuietPeriod) and again.remaining_ms <= 600
+    await asyncio.sleep(0.62)
+    result = await grant(backend, "b", ttl_ms=600)
+    assert result.lease.identity == "b"
+
+
+async def test_grant_stores_a_readable_value_with_a_secret_token(backend_for, raw) -> None:
+    await seed_counter(raw)
+    lease = (await grant(backend_for(), "pod-a")).lease
+    stored = json.loads(await raw.get("elector:{jobs}:lease"))
+    assert stored["identity"] == "pod-a" and stored["fencing_token"] == lease.fencing_token
+    assert len(stored["token"]) == 32 and int(stored["token"], 16) >= 0  # 128 bits, hex
+    assert stored["token"] not in repr(lease)
+    assert 1900 < await raw.pttl("elector:{jobs}:lease") <= TTL_MS
+
+
+async def test_fencing_token_is_at_least_server_time_and_strictly_increases(backend_for, raw) -> None:
+    await seed_counter(raw)
+    backend = backend_for()
+    seconds, micros = await raw.time()
+    before_ms = seconds * 1000 + micros // 1000
+    tokens = []
+    for _ in range(5):
+        lease = (await grant(backend)).lease
+        tokens.append(lease.fencing_token)
+        assert await backend.release(lease)
+    assert tokens[0] >= before_ms
+    assert all(later > earlier for earlier, later in itertools.pairwise(tokens))
+    await raw.set("elector:{jobs}:fencing", 10**14)  # a counter ahead of the clock still increases
+    assert (await grant(backend)).lease.fencing_token == 10**14 + 1
+
+
+async def test_exactly_one_of_ten_concurrent_candidates_wins(backend_for, raw) -> None:
+    await seed_counter(raw)
+    backends = [backend_for() for _ in range(10)]
+    results = await asyncio.gather(*(b.acquire(f"c{i}", ttl_ms=TTL_MS) for i, b in enumerate(backends)))
+    winners = [r for r in results if isinstance(r, Granted)]
+    assert len(winners) == 1
+    winner = winners[0].lease
+    for result in results:
+        if not isinstance(result, Granted):
+            assert isinstance(result, Held)
+            assert result.holder is not None and result.holder.identity == winner.identity
+            assert result.holder.fencing_token == winner.fencing_token
+            assert 0 < (result.remaining_ms or 0) <= TTL_MS
+
+
+async def test_renew_replaces_the_ttl_and_never_adds_to_it(backend_for, raw) -> None:
+    await seed_counter(raw)
+    backend = backend_for()
+    lease = (await grant(backend)).lease
+    for _ in range(5):
+        assert isinstance(await backend.renew(lease), Renewed)
+    assert await raw.pttl("elector:{jobs}:lease") <= TTL_MS
+
+
+async def test_renew_of_a_lapsed_key_reports_lost_and_does_not_recreate_it(backend_for, raw) -> None:
+    await seed_counter(raw)
+    backend = backend_for()
+    lease = (await grant(backend, ttl_ms=600)).lease
+    await asyncio.sleep(0.65)
+    result = await backend.renew(lease)
+    assert result == Lost(holder=None, remaining_ms=None)
+    assert await raw.exists("elector:{jobs}:lease") == 0
+
+
+async def test_renew_of_an_overwritten_key_reports_the_new_holder(backend_for, raw) -> None:
+    await seed_counter(raw)
+    backend = backend_for()
+    lease = (await grant(backend)).lease
+    await raw.set("elector:{jobs}:lease", '{"identity":"intruder","fencing_token":7,"token":"x"}', px=5000)
+    result = await backend.renew(lease)
+    assert isinstance(result, Lost)
+    assert result.holder is not None and result.holder.identity == "intruder"
+    await raw.set("elector:{jobs}:lease", b"\xff garbage", px=5000)
+    garbage = await backend.renew(lease)
+    assert isinstance(garbage, Lost) and garbage.holder is None
+    assert await raw.get("elector:{jobs}:lease") == b"\xff garbage"  # untouched
+
+
+async def test_release_is_owner_checked_and_announced(backend_for, raw) -> None:
+    await seed_counter(raw)
+    a, b = backend_for(), backend_for()
+    subscription = await b.subscribe(keepalive_s=60)
+    lease_a = (await grant(a, "a")).lease
+    acquired = await subscription.next_event(1.0)
+    assert acquired is not None and acquired.kind is LeaseEventKind.ACQUIRED
+    assert acquired.holder == lease_a.holder
+    assert await a.release(lease_a)
+    released = await subscription.next_event(1.0)
+    assert released is not None and released.kind is LeaseEventKind.RELEASED
+    assert released.holder == lease_a.holder
+    lease_b = (await grant(b, "b")).lease
+    assert not await a.release(lease_a)  # not ours any more: the key stays
+    assert isinstance(await b.renew(lease_b), Renewed)
+    await subscription.close()
+
+
+async def test_announcements_carry_no_secret(backend_for, raw) -> None:
+    await seed_counter(raw)
+    backend = backend_for()
+    pubsub = raw.pubsub()
+    await pubsub.subscribe("elector:{jobs}:events")
+    await pubsub.get_message(timeout=1)
+    lease = (await grant(backend)).lease
+    await backend.release(lease)
+    secret = json.loads(lease.value)["token"]
+    for _ in range(2):
+        message = await pubsub.get_message(timeout=1)
+        assert message is not None and secret.encode() not in message["data"]
+    await pubsub.aclose()
+
+
+async def test_fencing_token_keeps_increasing_across_a_restart_that_lost_all_data(
+    backend_for, raw, redis_server: RedisServerProcess
+) -> None:
+    await seed_counter(raw)
+    backend = backend_for()
+    before = (await grant(backend, ttl_ms=700)).lease.fencing_token
+    redis_server.restart_empty()
+    # The old connection is gone; the next request reconnects (no hidden retries: it may fail once).
+    with pytest.raises(LeaseBackendError):
+        await backend.acquire("b", ttl_ms=700)
+    quiet = await backend.acquire("b", ttl_ms=700)
+    assert isinstance(quiet, QuietPeriod) and quiet.remaining_ms > 600
+    await asyncio.sleep(0.72)
+    after = (await grant(backend, "b", ttl_ms=700)).lease.fencing_token
+    assert after > before
+
+
+async def test_scripts_are_reloaded_after_a_script_flush(backend_for, raw) -> None:
+    await seed_counter(raw)
+    backend = backend_for()
+    lease = (await grant(backend)).lease
+    await raw.script_flush()
+    assert isinstance(await backend.renew(lease), Renewed)
+
+
+def test_every_key_of_a_lock_is_in_one_cluster_slot() -> None:
+    keys = scripts.LockKeys("reports-controller")
+    slots = {key_slot(k.encode()) for k in (keys.lease, keys.fencing, keys.quiet, keys.channel)}
+    assert len(slots) == 1
+    assert keys.lease == "elector:{reports-controller}:lease"
+
+
+@pytest.mark.parametrize("script", [scripts.RENEW])
+async def test_scripts_refuse_a_non_positive_ttl(raw, script: str) -> None:
+    await raw.set("k", "v")
+    for bad in ("0", "-5", "1.5", "abc"):
+        with pytest.raises(redis.exceptions.ResponseError, match="ttl must be a positive integer"):
+            await raw.eval(script, 1, "k", "v", bad)
+    assert await raw.ttl("k") == -1  # PEXPIRE 0 would have deleted the key
+
+
+async def test_acquire_script_refuses_a_non_positive_ttl(raw) -> None:
+    keys = scripts.LockKeys("x")
+    with pytest.raises(redis.exceptions.ResponseError, match="ttl must be a positive integer"):
+        await raw.eval(
+            scripts.ACQUIRE, 3, keys.lease, keys.fencing, keys.quiet, '"a"', "t", "0", keys.channel
+        )
+
+
+async def test_foreign_data_gives_clear_data_errors(backend_for, raw) -> None:
+    backend = backend_for()
+    await raw.hset("elector:{jobs}:lease", "a", "b")
+    with pytest.raises(LeaseBackendError, match="wrong type") as wrong_type:
+        await backend.acquire("a", ttl_ms=TTL_MS)
+    assert wrong_type.value.kind is BackendErrorKind.DATA
+    await raw.delete("elector:{jobs}:lease")
+    await raw.set("elector:{jobs}:fencing", "not-a-number")
+    with pytest.raises(LeaseBackendError, match="fencing counter is not a number") as garbage:
+        await backend.acquire("a", ttl_ms=TTL_MS)
+    assert garbage.value.kind is BackendErrorKind.DATA
+    await raw.set("elector:{jobs}:lease", "x" * 100_000, px=5000)
+    held = await backend.acquire("a", ttl_ms=TTL_MS)
+    assert isinstance(held, Held) and held.holder is None  # a huge foreign value is not parsed
+
+
+async def test_unreachable_redis_is_a_connection_error() -> None:
+    client = make_client(RedisSettings(url=f"redis://127.0.0.1:{free_tcp_port()}/0", request_timeout_s=0.3))
+    backend = RedisLeaseBackend(client, lock="jobs")
+    with pytest.raises(LeaseBackendError) as info:
+        await backend.acquire("a", ttl_ms=TTL_MS)
+    assert info.value.kind is BackendErrorKind.CONNECTION
+    await client.aclose()
+
+
+async def test_a_blackholed_link_times_out_within_the_request_timeout(
+    backend_for, raw, tcp_proxy: TcpProxy
+) -> None:
+    await seed_counter(raw)
+    backend = backend_for(url=tcp_proxy.url, timeout_s=0.3)
+    lease = (await grant(backend)).lease
+    tcp_proxy.blackhole()
+    started = time.monotonic()
+    with pytest.raises(LeaseBackendError) as info:
+        await backend.renew(lease)
+    assert info.value.kind is BackendErrorKind.TIMEOUT
+    assert time.monotonic() - started < 0.6
+
+
+async def test_subscription_keepalive_detects_a_silent_link(backend_for, tcp_proxy: TcpProxy) -> None:
+    backend = backend_for(url=tcp_proxy.url, timeout_s=0.3)
+    subscription = await backend.subscribe(keepalive_s=0.2)
+    assert await subscription.next_event(0.7) is None  # PINGs answered: a quiet, healthy link
+    tcp_proxy.blackhole()
+    started = time.monotonic()
+    with pytest.raises(LeaseBackendError):
+        await subscription.next_event(5.0)
+    assert time.monotonic() - started < 0.2 + 0.3 + 0.2
+    await subscription.close()
+
+
+async def test_observe_reads_without_contending(backend_for, raw) -> None:
+    await seed_counter(raw, value=41)
+    backend = backend_for()
+    free = await backend.observe()
+    assert free.holder is None and free.last_fencing_token == 41 and not free.unrecognised_value
+    lease = (await grant(backend, "pod-a")).lease
+    seen = await backend.observe()
+    assert seen.holder == lease.holder and 0 < (seen.remaining_ms or 0) <= TTL_MS
+    assert seen.last_fencing_token == lease.fencing_token

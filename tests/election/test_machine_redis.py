@@ -1,0 +1,216 @@
+"""The election against real redis-server processes, in real time, with faults.
+
+Several elections share this process and so one monotonic clock: "the follower acquired only after
+the old lease expired" is a comparison on that clock. Leadership is sampled every few milliseconds
+wherever the claim is "never two leaders".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+import redis.asyncio
+
+from elector.backend import RedisLeaseBackend, RedisSettings, make_client
+from elector.election import (
+    CycleOutcome,
+    Election,
+    ElectionHooks,
+    ElectionTiming,
+    OutcomeKind,
+    StepDownReason,
+)
+from elector.redis_server import RedisServerProcess
+from tests.support.tcp_proxy import TcpProxy
+
+TTL_S = 1.0
+LOCK = "jobs"
+
+
+@dataclasses.dataclass
+class Running:
+    election: Election
+    outcomes: list[CycleOutcome]
+    stopped_at: list[tuple[StepDownReason, float]]
+    task: asyncio.Task[None]
+
+    def first(self, kind: OutcomeKind) -> CycleOutcome:
+        return next(o for o in self.outcomes if o.kind is kind)
+
+    def step_downs(self) -> list[CycleOutcome]:
+        return [o for o in self.outcomes if o.step_down_reason is not None]
+
+
+@pytest.fixture
+async def raw(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
+    client = redis.asyncio.Redis.from_url(redis_url)
+    await client.set(f"elector:{{{LOCK}}}:fencing", 1)  # skip the new-lock quiet period
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def start(redis_url: str) -> AsyncIterator[Callable[..., Running]]:
+    running: list[Running] = []
+    clients: list[redis.asyncio.Redis] = []
+    loop = asyncio.get_running_loop()
+
+    def _start(identity: str, *, url: str = redis_url, ttl_s: float = TTL_S) -> Running:
+        timing = ElectionTiming.from_ttl(ttl_s)
+        client = make_client(RedisSettings(url=url, request_timeout_s=timing.request_timeout_s))
+        clients.append(client)
+        outcomes: list[CycleOutcome] = []
+        stopped: list[tuple[StepDownReason, float]] = []
+
+        async def on_stopped(reason: StepDownReason) -> None:
+            stopped.append((reason, loop.time()))
+
+        election = Election(
+            RedisLeaseBackend(client, lock=LOCK),
+            identity=identity,
+            timing=timing,
+            hooks=ElectionHooks(on_outcome=outcomes.append, on_stopped_leading=on_stopped),
+        )
+        item = Running(election, outcomes, stopped, asyncio.create_task(election.run(), name=identity))
+        running.append(item)
+        return item
+
+    yield _start
+    for item in running:
+        item.election.stop()
+    for item in running:
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            async with asyncio.timeout(3):
+                await item.task
+        if not item.task.done():
+            item.task.cancel()
+    for client in clients:
+        await client.aclose()
+
+
+async def sample_leaders(candidates: list[Running], *, seconds: float, every_s: float = 0.003) -> list[int]:
+    counts = []
+    loop = asyncio.get_running_loop()
+    until = loop.time() + seconds
+    while loop.time() < until:
+        counts.append(sum(c.election.status().is_leader for c in candidates))
+        await asyncio.sleep(every_s)
+    return counts
+
+
+async def test_ten_candidates_one_leader_at_every_moment(start, raw) -> None:
+    candidates = [start(f"c{i}") for i in range(10)]
+    counts = await sample_leaders(candidates, seconds=3.0)
+    assert max(counts) == 1
+    assert counts[-1] == 1
+    assert sum(c.election.status().is_leader for c in candidates) == 1
+    grants = sum(1 for c in candidates for o in c.outcomes if o.kind is OutcomeKind.ACQUIRED)
+    assert grants == 1  # a renewing leader keeps the lease: no churn over 3 ttl
+
+
+async def test_a_renewing_leader_keeps_its_lease(start, raw) -> None:
+    leader = start("a")
+    await asyncio.sleep(4 * TTL_S)
+    status = leader.election.status()
+    assert status.is_leader
+    renewed = [o for o in leader.outcomes if o.kind is OutcomeKind.RENEWED]
+    assert len(renewed) >= 10  # every ttl/3
+    assert not leader.step_downs()
+    assert 0 < await raw.pttl(f"elector:{{{LOCK}}}:lease") <= 1000
+
+
+@pytest.mark.parametrize("tamper", ["delete", "overwrite"])
+async def test_a_tampered_key_means_an_immediate_step_down(start, raw, tamper: str) -> None:
+    leader = start("a")
+    await asyncio.sleep(0.5)
+    assert leader.election.status().is_leader
+    loop = asyncio.get_running_loop()
+    tampered_at = loop.time()
+    if tamper == "delete":
+        await raw.delete(f"elector:{{{LOCK}}}:lease")
+    else:
+        await raw.set(
+            f"elector:{{{LOCK}}}:lease", '{"identity":"intruder","fencing_token":9,"token":"t"}', px=60_000
+        )
+    await asyncio.sleep(TTL_S / 3 + 0.1)
+    [down] = leader.step_downs()[:1]
+    assert down.step_down_reason is StepDownReason.LOST and down.kind is OutcomeKind.RENEW_LOST
+    assert down.at - tampered_at <= TTL_S / 3 + 0.05  # at the very next renewal
+    assert leader.stopped_at[0][0] is StepDownReason.LOST
+    if tamper == "overwrite":
+        assert not leader.election.status().is_leader
+        assert leader.election.status().holder is not None
+        assert await raw.get(f"elector:{{{LOCK}}}:lease") is not None  # a lost lease is not released
+
+
+@pytest.mark.parametrize("fault", ["cut", "blackhole"])
+async def test_a_leader_cut_from_redis_steps_down_before_its_lease_expires(
+    start, raw, tcp_proxy: TcpProxy, fault: str
+) -> None:
+    leader = start("a", url=tcp_proxy.url)
+    await asyncio.sleep(0.3)
+    assert leader.election.status().is_leader
+    follower = start("b")
+    await asyncio.sleep(0.5)
+    getattr(tcp_proxy, fault)()
+    counts = await sample_leaders([leader, follower], seconds=2.5)
+    assert max(counts) == 1, "two leaders at one moment"
+    last_ok = max(o.at for o in leader.outcomes if o.kind in (OutcomeKind.ACQUIRED, OutcomeKind.RENEWED))
+    timing = leader.election.timing
+    reason, stopped_at = leader.stopped_at[0]
+    assert reason is StepDownReason.RENEW_DEADLINE
+    assert stopped_at == pytest.approx(last_ok + timing.renew_deadline_s, abs=0.05)
+    assert stopped_at < last_ok + timing.ttl_s - timing.safety_margin_s
+    acquired = follower.first(OutcomeKind.ACQUIRED)
+    # Redis started the old lease's TTL after the last renewal was sent: the follower can only
+    # have been granted once that ttl ran out, and long after the leader stopped.
+    assert acquired.at >= last_ok + timing.ttl_s - 0.01
+    assert acquired.at > stopped_at
+    assert acquired.at <= last_ok + timing.ttl_s + 0.1  # and it did not poll its way there
+
+
+async def test_redis_restarted_without_data_never_gives_two_leaders(
+    start, raw, redis_server: RedisServerProcess
+) -> None:
+    candidates = [start(name) for name in ("a", "b", "c")]
+    await asyncio.sleep(0.5)
+    [old_leader] = [c for c in candidates if c.election.status().is_leader]
+    old_token = old_leader.election.status().fencing_token
+    assert old_token is not None
+    loop = asyncio.get_running_loop()
+    restarted_at = loop.time()
+    redis_server.restart_empty()
+    counts = await sample_leaders(candidates, seconds=3 * TTL_S)
+    assert max(counts) == 1, "two leaders at one moment after the restart"
+    assert counts[-1] == 1
+    # The old leader learned at its next renewal (key gone: lost) or failed until its deadline.
+    down = old_leader.step_downs()[0]
+    assert down.step_down_reason in (StepDownReason.LOST, StepDownReason.RENEW_DEADLINE)
+    assert old_leader.stopped_at[0][1] - restarted_at <= old_leader.election.timing.renew_deadline_s + 0.05
+    [new_leader] = [c for c in candidates if c.election.status().is_leader]
+    new_token = new_leader.election.status().fencing_token
+    assert new_token is not None and new_token > old_token
+    # Nobody was granted during the quiet period: the first grant came a full ttl after the loss.
+    grants = [
+        o.at for c in candidates for o in c.outcomes if o.kind is OutcomeKind.ACQUIRED and o.at > restarted_at
+    ]
+    assert min(grants) >= restarted_at + TTL_S - 0.05
+
+
+async def test_graceful_stop_hands_over_at_once(start, raw) -> None:
+    leader = start("a")
+    await asyncio.sleep(0.3)
+    follower = start("b")
+    await asyncio.sleep(0.3)
+    loop = asyncio.get_running_loop()
+    stopped_at = loop.time()
+    leader.election.stop()
+    await leader.task
+    await asyncio.sleep(0.2)
+    assert leader.first(OutcomeKind.RELEASED).step_down_reason is StepDownReason.SHUTDOWN
+    acquired = follower.first(OutcomeKind.ACQUIRED)
+    assert acquired.at - stopped_at < 0.05  # woken by the release announcement, not the ttl

@@ -1,0 +1,123 @@
+"""Real `elector run` processes for end-to-end tests: start, probe over HTTP, signal, read logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from elector.redis_server import free_tcp_port
+
+
+class DaemonProcess:
+    """One `python -m elector run` child with its own HTTP port and a JSON log file."""
+
+    def __init__(
+        self,
+        *,
+        redis_url: str,
+        identity: str,
+        log_dir: Path,
+        lock: str = "jobs",
+        ttl: str = "1s",
+        extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.identity = identity
+        self.port = free_tcp_port()
+        self.log_path = log_dir / f"{identity}.log"
+        self.command = [
+            sys.executable, "-m", "elector", "run",
+            "--redis-url", redis_url,
+            "--lock", lock,
+            "--identity", identity,
+            "--ttl", ttl,
+            "--http-address", f"127.0.0.1:{self.port}",
+            "--log-format", "json",
+            *extra_args,
+        ]  # fmt: skip
+        self.env = {**os.environ, **(env or {})}
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> DaemonProcess:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(self.command, stdout=log, stderr=log, env=self.env)
+        return self
+
+    def wait_http(self, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.get("/healthz")[0] != 0:
+                return
+            if self.process is not None and self.process.poll() is not None:
+                raise AssertionError(f"{self.identity} exited {self.process.returncode}:\n{self.logs_text()}")
+            time.sleep(0.02)
+        raise AssertionError(f"{self.identity} did not serve HTTP in {timeout_s}s:\n{self.logs_text()}")
+
+    def get(self, path: str, *, method: str = "GET") -> tuple[int, str]:
+        """(status, body); status 0 when nothing answers."""
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=1.0) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+        except (urllib.error.URLError, OSError):
+            return 0, ""
+
+    def leader(self) -> dict[str, Any] | None:
+        status, body = self.get("/leader")
+        return json.loads(body) if status in (200, 503) else None
+
+    def is_leader(self) -> bool:
+        return self.get("/leader")[0] == 200
+
+    def metrics(self) -> str:
+        return self.get("/metrics")[1]
+
+    def signal(self, signum: signal.Signals) -> None:
+        assert self.process is not None
+        self.process.send_signal(signum)
+
+    def wait(self, timeout_s: float = 10.0) -> int:
+        assert self.process is not None
+        return self.process.wait(timeout=timeout_s)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def logs_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        lines = []
+        for line in self.logs_text().splitlines():
+            try:
+                lines.append(json.loads(line))
+            except ValueError:
+                continue
+        return lines
+
+
+def wait_until(predicate: Any, *, timeout_s: float, every_s: float = 0.005) -> float:
+    """Poll until predicate() is truthy; returns the monotonic time it became so."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return time.monotonic()
+        time.sleep(every_s)
+    raise AssertionError(f"condition not met within {timeout_s}s")

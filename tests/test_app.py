@@ -1,0 +1,228 @@
+"""`elector run` end to end: real daemon processes on a real redis-server."""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from elector.redis_server import RedisServerProcess
+from tests.support.daemon import DaemonProcess, wait_until
+
+TTL_S = 1.0
+
+
+@pytest.fixture
+def seeded(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    client.set("elector:{jobs}:fencing", 1)  # skip the new-lock quiet period
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def daemon(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
+    started: list[DaemonProcess] = []
+
+    def _start(identity: str, *extra_args: str, **kwargs: object) -> DaemonProcess:
+        process = DaemonProcess(
+            redis_url=redis_url,
+            identity=identity,
+            log_dir=tmp_path,
+            extra_args=extra_args,
+            **kwargs,  # type: ignore[arg-type]
+        ).start()
+        started.append(process)
+        process.wait_http()
+        return process
+
+    yield _start
+    for process in started:
+        process.stop()
+
+
+def metric(text: str, name: str, **labels: str) -> float | None:
+    """The value of one sample in Prometheus exposition text."""
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        match = re.fullmatch(r"([a-zA-Z_:][\w:]*)(\{(.*)\})? (\S+)", line)
+        if not match or match.group(1) != name:
+            continue
+        found = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match.group(3) or ""))
+        if all(found.get(k) == v for k, v in labels.items()):
+            return float(match.group(4))
+    return None
+
+
+def test_one_leader_and_every_endpoint_and_metric(daemon, seeded) -> None:
+    a = daemon("a")
+    wait_until(a.is_leader, timeout_s=3)
+    b = daemon("b")
+    wait_until(lambda: b.get("/readyz")[0] == 200, timeout_s=3)
+    time.sleep(0.5)
+
+    status, _body = a.get("/leader")
+    assert status == 200
+    leader = a.leader()
+    assert leader is not None
+    assert leader["lock"] == "jobs" and leader["identity"] == "a" and leader["is_leader"] is True
+    assert leader["holder"] == "a" and leader["state"] == "leader"
+    assert isinstance(leader["fencing_token"], int) and leader["fencing_token"] > 1
+    assert 0 < leader["lease_remaining_ms"] <= 1000
+
+    follower = b.leader()
+    assert b.get("/leader")[0] == 503
+    assert follower is not None
+    assert follower["is_leader"] is False and follower["fencing_token"] is None
+    assert follower["holder"] == "a" and follower["holder_fencing_token"] == leader["fencing_token"]
+    assert follower["state"] == "follower"
+
+    for process in (a, b):
+        assert process.get("/healthz")[0] == 200
+        assert process.get("/readyz")[0] == 200  # readiness does not depend on the role
+        assert process.get("/nope")[0] == 404
+        assert process.get("/leader", method="POST")[0] == 405
+        assert process.get("/leader?lock=other")[0] == 404
+
+    text_a, text_b = a.metrics(), b.metrics()
+    assert metric(text_a, "elector_is_leader", lock="jobs") == 1
+    assert metric(text_b, "elector_is_leader", lock="jobs") == 0
+    assert metric(text_a, "elector_leader_transitions_total", lock="jobs") == 1
+    assert metric(text_b, "elector_leader_transitions_total", lock="jobs") == 0
+    assert metric(text_a, "elector_acquire_attempts_total", lock="jobs", result="acquired") == 1
+    assert (metric(text_b, "elector_acquire_attempts_total", lock="jobs", result="held") or 0) >= 1
+    assert (metric(text_a, "elector_renewals_total", lock="jobs", result="ok") or 0) >= 2
+    assert metric(text_a, "elector_renewals_total", lock="jobs", result="error") == 0
+    assert (metric(text_a, "elector_renew_duration_seconds_count", lock="jobs") or 0) >= 2
+    assert 0 < (metric(text_a, "elector_lease_remaining_seconds", lock="jobs") or 0) <= 1
+    assert metric(text_a, "elector_fencing_token", lock="jobs") == leader["fencing_token"]
+    assert metric(text_b, "elector_fencing_token", lock="jobs") == leader["fencing_token"]
+    assert metric(text_a, "elector_leader_info", lock="jobs", holder="a") == 1
+    assert metric(text_b, "elector_leader_info", lock="jobs", holder="a") == 1
+    assert metric(text_a, "elector_redis_up", lock="jobs") == 1
+    assert metric(text_a, "elector_step_downs_total", lock="jobs", reason="lost") == 0
+    assert (metric(text_a, "process_resident_memory_bytes") or 0) > 0
+
+
+def test_sigkill_of_the_leader_is_taken_over_within_the_ttl(daemon, seeded) -> None:
+    a = daemon("a")
+    wait_until(a.is_leader, timeout_s=3)
+    b = daemon("b")
+    time.sleep(0.7)
+    killed_at = time.monotonic()
+    a.signal(signal.SIGKILL)
+    took_over_at = wait_until(b.is_leader, timeout_s=3 * TTL_S)
+    assert took_over_at - killed_at <= TTL_S + 0.25
+
+
+def test_sigterm_of_the_leader_hands_over_without_waiting_for_the_ttl(daemon, seeded) -> None:
+    a = daemon("a")
+    wait_until(a.is_leader, timeout_s=3)
+    b = daemon("b")
+    time.sleep(0.5)
+    token_a = (a.leader() or {})["fencing_token"]
+    stopped_at = time.monotonic()
+    a.signal(signal.SIGTERM)
+    took_over_at = wait_until(b.is_leader, timeout_s=3 * TTL_S)
+    assert took_over_at - stopped_at < TTL_S / 2
+    assert a.wait() == 0
+    assert (b.leader() or {})["fencing_token"] > token_a
+    events = [line["event"] for line in a.log_lines()]
+    assert "shutting_down" in events and "released" in events
+    released = next(line for line in a.log_lines() if line["event"] == "released")
+    assert released["lock"] == "jobs" and released["identity"] == "a"
+
+
+def test_a_follower_exits_at_once_on_sigterm(daemon, seeded) -> None:
+    a = daemon("a")
+    wait_until(a.is_leader, timeout_s=3)
+    b = daemon("b")
+    started = time.monotonic()
+    b.signal(signal.SIGTERM)
+    assert b.wait() == 0
+    assert time.monotonic() - started < 1.0
+    assert a.is_leader()
+
+
+def test_redis_outage_fails_readiness_not_liveness_and_ends_leadership(
+    daemon, seeded, redis_server: RedisServerProcess
+) -> None:
+    a = daemon("a")
+    wait_until(a.is_leader, timeout_s=3)
+    redis_server.pause()  # the server stops answering: a silent outage
+    try:
+        wait_until(lambda: not a.is_leader(), timeout_s=2 * TTL_S)
+        wait_until(lambda: a.get("/readyz")[0] == 503, timeout_s=3 * TTL_S)
+        assert a.get("/healthz")[0] == 200  # restarting the pod would not fix Redis
+        text = a.metrics()
+        assert metric(text, "elector_redis_up", lock="jobs") == 0
+        assert metric(text, "elector_step_downs_total", lock="jobs", reason="renew_deadline") == 1
+        assert metric(text, "elector_is_leader", lock="jobs") == 0
+    finally:
+        redis_server.resume()
+    wait_until(a.is_leader, timeout_s=4 * TTL_S)  # it contends again in the same process
+    wait_until(lambda: a.get("/readyz")[0] == 200, timeout_s=2)
+    events = [line["event"] for line in a.log_lines()]
+    assert "redis_unreachable" in events and "stepped_down" in events
+
+
+def test_exit_on_loss_exits_with_code_3(daemon, seeded) -> None:
+    a = daemon("a", "--exit-on-loss")
+    wait_until(a.is_leader, timeout_s=3)
+    seeded.delete("elector:{jobs}:lease")
+    assert a.wait(timeout_s=3) == 3
+    lines = a.log_lines()
+    stepped = next(line for line in lines if line["event"] == "stepped_down")
+    assert stepped["reason"] == "lost"
+
+
+def test_logs_are_json_with_context_and_quiet_at_info(daemon, seeded) -> None:
+    a = daemon("a")
+    wait_until(a.is_leader, timeout_s=3)
+    time.sleep(1.5)  # several renewals
+    a.signal(signal.SIGTERM)
+    assert a.wait() == 0
+    lines = a.log_lines()
+    assert lines, a.logs_text()
+    for line in lines:
+        assert {"event", "level", "timestamp", "lock", "identity", "state"} <= line.keys()
+    assert not [line for line in lines if line["level"] == "info" and "renew" in line["event"]]
+    acquired = next(line for line in lines if line["event"] == "acquired")
+    assert acquired["state"] == "leader" and acquired["fencing_token"] > 1
+
+
+def test_the_http_port_in_use_is_a_clear_fatal_error(daemon, seeded, tmp_path: Path, redis_url: str) -> None:
+    a = daemon("a")
+    clash = DaemonProcess(redis_url=redis_url, identity="b", log_dir=tmp_path)
+    clash.port = a.port
+    clash.command[clash.command.index("--http-address") + 1] = f"127.0.0.1:{a.port}"
+    clash.start()
+    assert clash.wait() == 1
+    assert "http_bind_failed" in clash.logs_text()
+
+
+def test_password_never_appears_in_logs_or_http(tmp_path: Path) -> None:
+    with RedisServerProcess() as server:
+        redis.Redis(port=server.port).config_set("requirepass", "hunter2-secret")
+        password_file = tmp_path / "pw"
+        password_file.write_text("hunter2-secret\n")
+        url = f"redis://:wrong-in-url@127.0.0.1:{server.port}/0"
+        process = DaemonProcess(
+            redis_url=url,
+            identity="a",
+            log_dir=tmp_path,
+            extra_args=("--redis-password-file", str(password_file)),
+        ).start()
+        try:
+            process.wait_http()
+            wait_until(lambda: process.get("/readyz")[0] == 200, timeout_s=5)  # the file's password works
+            outputs = process.logs_text() + process.metrics() + process.get("/leader")[1]
+            assert "hunter2-secret" not in outputs and "wrong-in-url" not in outputs
+        finally:
+            process.stop()
