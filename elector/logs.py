@@ -81,6 +81,24 @@ def _formatter(*, json: bool) -> structlog.stdlib.ProcessorFormatter:
     )
 
 
+class _DemoteClientProtocolErrors(logging.Filter):
+    """A malformed request (a scanner, an oversized header) is the client's fault, already answered
+    with 400: keep it at DEBUG, without a traceback, so nobody can flood the logs with ERRORs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name != "aiohttp.server" or not record.exc_info or record.exc_info[1] is None:
+            return True
+        error = record.exc_info[1]
+        if not any(cls.__name__ == "BadHttpMessage" for cls in type(error).__mro__):
+            return True
+        if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+            return False
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        record.msg, record.args = f"{record.getMessage()}: {error}", ()
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
 def configure_logging(settings: LogSettings, *, stream: TextIO | None = None) -> None:
     """Route all logging to `stream` (stderr by default) through one structlog renderer.
 
@@ -90,6 +108,7 @@ def configure_logging(settings: LogSettings, *, stream: TextIO | None = None) ->
     use_json = settings.format == "json" or (settings.format == "auto" and not _is_tty(out))
     handler = _ElectorHandler(out)
     handler.setFormatter(_formatter(json=use_json))
+    handler.addFilter(_DemoteClientProtocolErrors())
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _ElectorHandler)]:
         root.removeHandler(old)

@@ -97,6 +97,31 @@ def test_stdlib_loggers_go_through_the_same_renderer(output: Output) -> None:
     assert "timestamp" in line
 
 
+def _log_bad_request() -> None:
+    from aiohttp.http_exceptions import LineTooLong
+
+    try:
+        raise LineTooLong("header", "8190")
+    except LineTooLong:
+        logging.getLogger("aiohttp.server").exception("Error handling request from 127.0.0.1")
+
+
+def test_malformed_requests_never_log_errors(output: Output) -> None:
+    _log_bad_request()
+    (line,) = output.lines()
+    assert line["level"] == "debug" and "exception" not in line
+    assert "Error handling request" in line["event"]
+
+
+def test_malformed_requests_are_dropped_above_debug() -> None:
+    stream = io.StringIO()
+    configure_logging(LogSettings(format="json", level="info"), stream=stream)
+    _log_bad_request()
+    logging.getLogger("aiohttp.server").error("a real server error")
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [line["event"] for line in lines] == ["a real server error"]
+
+
 def test_exceptions_are_rendered_as_structured_tracebacks(output: Output) -> None:
     log = make_logger("elector.test.exc", context=context)
     try:
