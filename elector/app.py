@@ -1,7 +1,7 @@
 """The `elector run` daemon: wires settings, Redis, the election, HTTP, metrics, logs and signals.
 
 Exit codes: 0 after a clean shutdown (the lease released), 1 on a fatal error (the HTTP port is
-taken, a task crashed), 3 after losing leadership with `--exit-on-loss`. Invalid settings exit 2
+taken, a task crashed) or a second signal that cut the shutdown short, 3 after losing leadership with `--exit-on-loss`. Invalid settings exit 2
 before this module runs (see cli.py).
 """
 
@@ -91,6 +91,7 @@ class Daemon:
             self.election.stop()
         else:
             self.log.warning("exiting_now", signal=signame, detail="second signal: not waiting for release")
+            self.exit_code = EXIT_FATAL
             if self._election_task is not None:
                 self._election_task.cancel()
 

@@ -161,7 +161,7 @@ def run(
 ) -> None:
     """Compete for LOCK; lead while holding it; publish the role over HTTP and metrics.
 
-    Exit codes: 0 stopped by SIGTERM/SIGINT (lease released), 1 fatal error,
+    Exit codes: 0 stopped by SIGTERM/SIGINT (lease released), 1 fatal error or a second signal,
     2 invalid settings, 3 leadership lost with --exit-on-loss.
     """
     try:

@@ -150,6 +150,24 @@ def test_a_follower_exits_at_once_on_sigterm(daemon, seeded) -> None:
     assert a.is_leader()
 
 
+def test_a_second_signal_exits_at_once_without_waiting_for_the_release(
+    daemon, seeded, redis_server: RedisServerProcess
+) -> None:
+    a = daemon("a", ttl="10s")  # the release may wait for a whole 1 s request timeout
+    wait_until(a.is_leader, timeout_s=3)
+    redis_server.pause()
+    try:
+        started = time.monotonic()
+        a.signal(signal.SIGTERM)
+        time.sleep(0.1)
+        a.signal(signal.SIGTERM)
+        assert a.wait(timeout_s=3) == 1
+        assert time.monotonic() - started < 0.6
+    finally:
+        redis_server.resume()
+    assert "exiting_now" in [line["event"] for line in a.log_lines()]
+
+
 def test_redis_outage_fails_readiness_not_liveness_and_ends_leadership(
     daemon, seeded, redis_server: RedisServerProcess
 ) -> None:
