@@ -170,6 +170,15 @@ class Election:
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
+            if self._lease is not None:
+                # Cancelled while leading (a second signal, the owner gave up): the lease is not
+                # released, but leader work must still be told to stop, always.
+                self._lease = None
+                self._valid_until = 0.0
+                self._state = State.STEPPING_DOWN
+                await self._call_hook(
+                    "on_stopped_leading", self._hooks.on_stopped_leading(StepDownReason.SHUTDOWN)
+                )
             self._state = State.STOPPED
 
     async def step(self) -> CycleOutcome:

@@ -184,6 +184,18 @@ async def test_graceful_stop_releases_and_the_follower_takes_over_at_once(start,
     assert b.election.status().fencing_token == 2
 
 
+async def test_a_cancelled_leader_still_stops_its_work(start, store) -> None:
+    a = start("a")
+    await asyncio.sleep(0.5)
+    a.task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await a.task
+    assert a.recorder.calls[-1][:2] == ("stopped", StepDownReason.SHUTDOWN)
+    status = a.election.status()
+    assert status.state is State.STOPPED and not status.is_leader
+    assert store.lease is not None  # not released: cancellation means "exit now"
+
+
 async def test_leader_steps_down_at_the_renew_deadline_before_its_lease_expires(start, store) -> None:
     a = start("a")
     await asyncio.sleep(3.05)  # renewed at 1, 2, 3
