@@ -1,8 +1,8 @@
 """The `elector run` daemon: wires settings, Redis, the election, HTTP, metrics, logs and signals.
 
-Exit codes: 0 after a clean shutdown (the lease released), 1 on a fatal error (the HTTP port is
-taken, a task crashed) or a second signal that cut the shutdown short, 3 after losing leadership with `--exit-on-loss`. Invalid settings exit 2
-before this module runs (see cli.py).
+Exit codes: 0 after a clean shutdown (the lease released); 1 on a fatal error (the HTTP port is
+taken, a task crashed) or when a second signal cut the shutdown short; 3 after losing leadership
+with `--exit-on-loss`. Invalid settings exit 2 before this module runs (see cli.py).
 """
 
 from __future__ import annotations
