@@ -198,12 +198,16 @@ def status(
 
     Exit codes: 0 read (held or free), 1 Redis unreachable or unreadable, 2 invalid settings.
     """
+    import json
+
     from elector.status import StatusError, read_status
 
     try:
         validate_lock_name(lock)
     except SettingsError as exc:
         raise click.UsageError(f"invalid setting {exc}") from None
+    if timeout <= 0:
+        raise click.BadParameter("must be positive", param_hint="'--timeout'")
     try:
         click.echo(
             read_status(
@@ -213,6 +217,8 @@ def status(
     except StatusError as exc:
         if exc.usage:
             raise click.UsageError(str(exc)) from None
+        if as_json:
+            click.echo(json.dumps({"lock": lock, "error": str(exc)}))
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
 

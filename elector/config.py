@@ -41,7 +41,7 @@ def parse_duration(text: str) -> float:
     A bare number is refused (except 0): `10` could mean seconds or milliseconds.
     """
     cleaned = text.strip().replace(" ", "")
-    if cleaned == "0":
+    if re.fullmatch(r"0+(\.0*)?", cleaned):
         return 0.0
     if not cleaned:
         raise ValueError("empty duration; write e.g. 10s or 500ms")
@@ -122,17 +122,16 @@ def build_settings(
             request_timeout_s=request_timeout_s,
         )
     except InvalidTimingError as exc:
-        raise SettingsError(
-            "timing (--ttl, --renew-interval, --renew-deadline, --request-timeout)", str(exc)
-        ) from None
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in exc.settings)
+        raise SettingsError(flags, str(exc)) from None
     redis_settings = RedisSettings(
         url=redis_url, password_file=redis_password_file, request_timeout_s=timing.request_timeout_s
     )
     try:
         redis_settings.validate()
     except InvalidRedisSettingsError as exc:
-        setting = "--redis-password-file" if "password file" in str(exc) else "--redis-url"
-        raise SettingsError(setting, str(exc)) from None
+        flag = {"password_file": "--redis-password-file", "request_timeout": "--request-timeout"}
+        raise SettingsError(flag.get(exc.setting, "--redis-url"), str(exc)) from None
     try:
         http = parse_http_address(http_address)
     except ValueError as exc:

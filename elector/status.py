@@ -47,12 +47,18 @@ def status_document(observation: Observation, *, lock: str) -> dict[str, object]
     }
 
 
+def _printable(text: str) -> str:
+    """A name read from Redis, safe for a terminal: control characters escaped."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
 def format_status(observation: Observation, *, lock: str) -> str:
     holder = observation.holder
     remaining = observation.remaining_ms
     expiry = "no expiry" if remaining is None else f"expires in {remaining / 1000:.3f}s unless renewed"
     if holder is not None:
-        lines = [f"lock {lock}: held by {holder.identity} (fencing token {holder.fencing_token}), {expiry}"]
+        who = f"{_printable(holder.identity)} (fencing token {holder.fencing_token})"
+        lines = [f"lock {lock}: held by {who}, {expiry}"]
     elif observation.unrecognised_value:
         lines = [f"lock {lock}: held by a value elector did not write ({expiry})"]
     else:
@@ -63,7 +69,12 @@ def format_status(observation: Observation, *, lock: str) -> str:
             "(Redis lost its data or the lock is new)"
         )
     last = observation.last_fencing_token
-    lines.append(f"  last fencing token issued: {'none yet' if last is None else last}")
+    counter = (
+        "missing (a new lock, or Redis lost its data)"
+        if last is None
+        else f"{last} (the next grant gets more)"
+    )
+    lines.append(f"  fencing counter: {counter}")
     return "\n".join(lines)
 
 
@@ -74,7 +85,10 @@ def read_status(
     try:
         settings.validate()
     except InvalidRedisSettingsError as exc:
-        raise StatusError(f"invalid setting: {exc}", usage=True) from None
+        flag = {"password_file": "--redis-password-file", "request_timeout": "--timeout"}.get(
+            exc.setting, "--redis-url"
+        )
+        raise StatusError(f"invalid setting {flag}: {exc}", usage=True) from None
     try:
         observation = asyncio.run(observe(settings, lock=lock))
     except LeaseBackendError as exc:

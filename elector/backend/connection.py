@@ -14,14 +14,38 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio
+from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 SUPPORTED_SCHEMES = ("redis", "rediss", "unix")
 
 
+#: URL query options a user may set. Everything else that redis-py would read from the URL
+#: (socket_timeout, retry_on_timeout, health_check_interval, ...) silently overrides the keyword
+#: arguments elector passes, and elector's lease safety depends on those: refused.
+ALLOWED_QUERY_OPTIONS = frozenset(
+    {
+        "db",
+        "ssl_cert_reqs",
+        "ssl_ca_certs",
+        "ssl_ca_path",
+        "ssl_certfile",
+        "ssl_keyfile",
+        "ssl_check_hostname",
+    }
+)
+
+
 class InvalidRedisSettingsError(ValueError):
-    """A Redis setting is wrong; the message names it and never contains a secret."""
+    """A Redis setting is wrong; the message never contains a secret.
+
+    `setting` says which: "url", "password_file" or "request_timeout".
+    """
+
+    def __init__(self, message: str, *, setting: str = "url") -> None:
+        super().__init__(message)
+        self.setting = setting
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -49,10 +73,25 @@ class RedisSettings:
             raise InvalidRedisSettingsError(
                 f"redis URL has an invalid port: {redact_url(self.url)}"
             ) from None
+        for option in urllib.parse.parse_qs(parsed.query, keep_blank_values=True):
+            if option.lower() in ("password", "username"):
+                continue
+            if option not in ALLOWED_QUERY_OPTIONS:
+                allowed = ", ".join(sorted(ALLOWED_QUERY_OPTIONS))
+                raise InvalidRedisSettingsError(
+                    f"redis URL option {option!r} is not supported: elector sets timeouts, retries "
+                    f"and health checks itself (see --request-timeout); allowed: {allowed}"
+                )
+        try:
+            parse_url(self.url)
+        except ValueError as exc:
+            raise InvalidRedisSettingsError(f"{exc} ({redact_url(self.url)})") from None
         if self.password_file is not None:
             self.read_password()
         if self.request_timeout_s <= 0:
-            raise InvalidRedisSettingsError("redis request timeout must be positive")
+            raise InvalidRedisSettingsError(
+                "redis request timeout must be positive", setting="request_timeout"
+            )
 
     def read_password(self) -> str | None:
         """The password from the file (trailing newline stripped), or None without a file."""
@@ -62,15 +101,18 @@ class RedisSettings:
             text = self.password_file.read_text(encoding="utf-8")
         except OSError as exc:
             raise InvalidRedisSettingsError(
-                f"cannot read the redis password file {self.password_file}: {exc.strerror}"
+                f"cannot read the redis password file {self.password_file}: {exc.strerror}",
+                setting="password_file",
             ) from None
         except UnicodeDecodeError:
             raise InvalidRedisSettingsError(
-                f"the redis password file {self.password_file} is not UTF-8 text"
+                f"the redis password file {self.password_file} is not UTF-8 text", setting="password_file"
             ) from None
         password = text.rstrip("\r\n")
         if not password:
-            raise InvalidRedisSettingsError(f"the redis password file {self.password_file} is empty")
+            raise InvalidRedisSettingsError(
+                f"the redis password file {self.password_file} is empty", setting="password_file"
+            )
         return password
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -60,7 +61,7 @@ def _remaining(pttl: int) -> int | None:
     return None if pttl < 0 else pttl
 
 
-def _translate(exc: Exception, *, what: str) -> LeaseBackendError:
+def _translate(exc: Exception, *, what: str, keys: str = "") -> LeaseBackendError:
     """One domain error for every client failure; redis-py messages carry no passwords."""
     if isinstance(exc, TimeoutError | redis.exceptions.TimeoutError):
         return LeaseBackendError(f"{what}: Redis did not answer in time", kind=BackendErrorKind.TIMEOUT)
@@ -70,14 +71,16 @@ def _translate(exc: Exception, *, what: str) -> LeaseBackendError:
         return LeaseBackendError(f"{what}: cannot reach Redis: {exc}", kind=BackendErrorKind.CONNECTION)
     if isinstance(exc, redis.exceptions.ResponseError):
         text = str(exc)
+        # Drop the script-call noise ("Error running script (call to f_...): @user_script:6: ").
+        text = re.sub(r"^Error running script \(call to f_[0-9a-f]+\): @user_script:\d+: ", "", text)
         if "WRONGTYPE" in text:
             return LeaseBackendError(
-                f"{what}: a key of this lock holds the wrong type of data (written by something "
-                f"other than elector?): {text}",
+                f"{what}: a key of this lock ({keys}) is not a string: something other than elector "
+                "wrote it; delete it to let elector use the lock",
                 kind=BackendErrorKind.DATA,
             )
         if "elector:" in text:
-            return LeaseBackendError(f"{what}: {text}", kind=BackendErrorKind.DATA)
+            return LeaseBackendError(f"{what}: {text.removeprefix('ERR ')}", kind=BackendErrorKind.DATA)
         if text.startswith(("NOAUTH", "WRONGPASS", "NOPERM")):
             return LeaseBackendError(f"{what}: Redis refused access: {text}", kind=BackendErrorKind.AUTH)
         return LeaseBackendError(f"{what}: Redis answered an error: {text}", kind=BackendErrorKind.SERVER)
@@ -113,7 +116,8 @@ class RedisLeaseBackend:
         except LeaseBackendError:
             raise
         except Exception as exc:  # every client failure becomes the one domain error
-            raise _translate(exc, what=what) from exc
+            keys = f"{self.keys.lease} or {self.keys.fencing} or {self.keys.quiet}"
+            raise _translate(exc, what=what, keys=keys) from exc
 
     async def acquire(self, identity: str, *, ttl_ms: int) -> AcquireResult:
         if ttl_ms <= 0:

@@ -20,7 +20,23 @@ CLOCK_DRIFT_FIXED_S = 0.005
 
 
 class InvalidTimingError(ValueError):
-    """A timing setting violates an invariant; the message names the settings involved."""
+    """A timing setting violates an invariant.
+
+    `settings` names the settings involved ("ttl", "renew_interval", "renew_deadline",
+    "request_timeout", "stop_work"), so a caller can name its own flags for them.
+    """
+
+    def __init__(self, message: str, *, settings: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.settings = settings
+
+
+#: How each setting defaults, for messages about values the user never set.
+DEFAULTS_TEXT = {
+    "renew_interval": "ttl/3",
+    "renew_deadline": "2/3 of the ttl",
+    "request_timeout": "half the renew interval, at most 1s",
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -56,6 +72,15 @@ class ElectionTiming:
         """Fill the unset settings with defaults derived from the ttl, then validate."""
         interval = ttl_s / 3 if renew_interval_s is None else renew_interval_s
         deadline = ttl_s * 2 / 3 if renew_deadline_s is None else renew_deadline_s
+        defaulted = [
+            name
+            for name, value in (
+                ("renew_interval", renew_interval_s),
+                ("renew_deadline", renew_deadline_s),
+                ("request_timeout", request_timeout_s if request_timeout_s is None else 0),
+            )
+            if value is None
+        ]
         if request_timeout_s is None:
             # Short enough to retry a couple of times inside one interval, never above 1 s.
             request_timeout_s = min(1.0, interval / 2)
@@ -66,7 +91,17 @@ class ElectionTiming:
             request_timeout_s=request_timeout_s,
             stop_work_s=stop_work_s,
         )
-        timing.validate()
+        try:
+            timing.validate()
+        except InvalidTimingError as exc:
+            notes = [
+                f"the {name.replace('_', ' ')} was not set: it defaults to {DEFAULTS_TEXT[name]}"
+                for name in exc.settings
+                if name in defaulted
+            ]
+            if not notes:
+                raise
+            raise InvalidTimingError(f"{exc} ({'; '.join(notes)})", settings=exc.settings) from None
         return timing
 
     @property
@@ -93,31 +128,45 @@ class ElectionTiming:
             return f"{value * 1000:g}ms"
 
         if self.ttl_s < MIN_TTL_S:
-            raise InvalidTimingError(f"ttl must be at least {fmt(MIN_TTL_S)}, got {fmt(self.ttl_s)}")
+            raise InvalidTimingError(
+                f"ttl must be at least {fmt(MIN_TTL_S)}, got {fmt(self.ttl_s)}", settings=("ttl",)
+            )
         if self.renew_interval_s <= 0:
-            raise InvalidTimingError(f"renew interval must be positive, got {fmt(self.renew_interval_s)}")
+            raise InvalidTimingError(
+                f"renew interval must be positive, got {fmt(self.renew_interval_s)}",
+                settings=("renew_interval",),
+            )
         if self.request_timeout_s <= 0:
-            raise InvalidTimingError(f"request timeout must be positive, got {fmt(self.request_timeout_s)}")
+            raise InvalidTimingError(
+                f"request timeout must be positive, got {fmt(self.request_timeout_s)}",
+                settings=("request_timeout",),
+            )
         if self.stop_work_s < 0:
-            raise InvalidTimingError(f"stop-work time must not be negative, got {fmt(self.stop_work_s)}")
+            raise InvalidTimingError(
+                f"stop-work time must not be negative, got {fmt(self.stop_work_s)}", settings=("stop_work",)
+            )
         if self.renew_deadline_s <= self.renew_interval_s:
             raise InvalidTimingError(
                 f"renew deadline ({fmt(self.renew_deadline_s)}) must be longer than the renew "
-                f"interval ({fmt(self.renew_interval_s)}), so a failed renewal can be retried"
+                f"interval ({fmt(self.renew_interval_s)}), so a failed renewal can be retried",
+                settings=("renew_deadline", "renew_interval"),
             )
         if self.renew_deadline_s >= self.ttl_s:
             raise InvalidTimingError(
                 f"ttl ({fmt(self.ttl_s)}) must be longer than the renew deadline "
-                f"({fmt(self.renew_deadline_s)})"
+                f"({fmt(self.renew_deadline_s)})",
+                settings=("ttl", "renew_deadline"),
             )
         if self.renew_deadline_s > self.validity_s:
             raise InvalidTimingError(
                 f"renew deadline ({fmt(self.renew_deadline_s)}) plus the safety margin "
                 f"({fmt(self.safety_margin_s)}: 1% of ttl + 5ms + stop-work time) must not exceed "
-                f"the ttl ({fmt(self.ttl_s)}); shorten the deadline or lengthen the ttl"
+                f"the ttl ({fmt(self.ttl_s)}); shorten the deadline or lengthen the ttl",
+                settings=("renew_deadline", "ttl"),
             )
         if self.request_timeout_s >= self.renew_interval_s:
             raise InvalidTimingError(
                 f"request timeout ({fmt(self.request_timeout_s)}) must be shorter than the renew "
-                f"interval ({fmt(self.renew_interval_s)})"
+                f"interval ({fmt(self.renew_interval_s)})",
+                settings=("request_timeout", "renew_interval"),
             )
