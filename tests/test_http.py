@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import socket
 from collections.abc import AsyncIterator
 
@@ -11,45 +10,24 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from elector.election.outcome import CycleOutcome, ElectionStatus, OutcomeKind, State
+from elector.election.outcome import CycleOutcome, OutcomeKind, State
 from elector.http import HttpBindError, HttpServer, HttpSettings, make_http_app, parse_http_address
 from elector.lease import Holder
 from elector.metrics import ElectionMetrics
+from tests.support.fake_status import FakeStatus as SharedFakeStatus
 
 ME = Holder(identity="pod-a", fencing_token=7)
 OTHER = Holder(identity="pod-b", fencing_token=8)
 
 
-class FakeStatus:
-    """A mutable status provider: tests replace fields, the app reads snapshots."""
-
+class FakeStatus(SharedFakeStatus):
     def __init__(self) -> None:
-        self.value = ElectionStatus(
-            lock="jobs",
-            identity="pod-a",
-            state=State.FOLLOWER,
-            is_leader=False,
-            holder=OTHER,
-            fencing_token=None,
-            lease_remaining_s=4.2,
-            started=True,
-            last_backend_ok_at=99.0,
-            cycle_due_by=101.0,
-            backend_up=True,
-            now=100.0,
+        super().__init__(
+            holder=OTHER, lease_remaining_s=4.2, last_backend_ok_at=99.0, cycle_due_by=101.0, backend_up=True
         )
-        self.error: Exception | None = None
-
-    def set(self, **changes: object) -> None:
-        self.value = dataclasses.replace(self.value, **changes)  # type: ignore[arg-type]
 
     def lead(self) -> None:
         self.set(state=State.LEADER, is_leader=True, holder=ME, fencing_token=7, lease_remaining_s=9.5)
-
-    def __call__(self) -> ElectionStatus:
-        if self.error is not None:
-            raise self.error
-        return self.value
 
 
 @pytest.fixture

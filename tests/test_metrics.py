@@ -1,44 +1,17 @@
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from elector.election.outcome import CycleOutcome, ElectionStatus, OutcomeKind, State, StepDownReason
+from elector.election.outcome import CycleOutcome, OutcomeKind, State, StepDownReason
 from elector.lease import Holder
 from elector.metrics import ElectionMetrics, MetricFamilies, register_process_metrics
+from tests.support.fake_status import FakeStatus
 
 ME = Holder(identity="pod-a", fencing_token=7)
 OTHER = Holder(identity="pod-b", fencing_token=8)
-
-
-class FakeStatus:
-    """A mutable status provider: tests replace fields, the code under test reads snapshots."""
-
-    def __init__(self, **changes: object) -> None:
-        self.value = ElectionStatus(
-            lock="jobs",
-            identity="pod-a",
-            state=State.FOLLOWER,
-            is_leader=False,
-            holder=None,
-            fencing_token=None,
-            lease_remaining_s=None,
-            started=True,
-            last_backend_ok_at=None,
-            cycle_due_by=None,
-            backend_up=True,
-            now=100.0,
-        )
-        self.set(**changes)
-
-    def set(self, **changes: object) -> None:
-        self.value = dataclasses.replace(self.value, **changes)  # type: ignore[arg-type]
-
-    def __call__(self) -> ElectionStatus:
-        return self.value
 
 
 def outcome(kind: OutcomeKind, **fields: object) -> CycleOutcome:
