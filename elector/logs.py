@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Literal, TextIO, get_args
 
 import structlog
+import structlog.tracebacks
 from structlog.typing import EventDict, Processor, WrappedLogger
 
 from elector.election.outcome import CycleOutcome, OutcomeKind
@@ -63,10 +64,17 @@ def _is_tty(stream: TextIO) -> bool:
 
 def _formatter(*, json: bool) -> structlog.stdlib.ProcessorFormatter:
     renderer: list[Processor]
+    # Tracebacks never show local variables: frames hold the Redis settings (password) and lease
+    # values (the secret owner token).
     if json:
-        renderer = [structlog.processors.dict_tracebacks, structlog.processors.JSONRenderer()]
+        renderer = [
+            structlog.processors.ExceptionRenderer(
+                structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
+            ),
+            structlog.processors.JSONRenderer(),
+        ]
     else:
-        renderer = [structlog.dev.ConsoleRenderer()]
+        renderer = [structlog.dev.ConsoleRenderer(exception_formatter=structlog.dev.plain_traceback)]
     return structlog.stdlib.ProcessorFormatter(
         # Only for standard-library records: keep their `extra=` fields as keys.
         foreign_pre_chain=[structlog.stdlib.ExtraAdder()],

@@ -13,6 +13,7 @@ import redis
 
 from elector.redis_server import RedisServerProcess
 from tests.support.daemon import DaemonProcess, wait_until
+from tests.support.seed import seed_used_lock
 
 TTL_S = 1.0
 
@@ -20,7 +21,7 @@ TTL_S = 1.0
 @pytest.fixture
 def seeded(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url)
-    client.set("elector:{jobs}:fencing", 1)  # skip the new-lock quiet period
+    seed_used_lock(client)  # skip the new-lock quiet period
     yield client
     client.close()
 

@@ -106,6 +106,20 @@ def _log_bad_request() -> None:
         logging.getLogger("aiohttp.server").exception("Error handling request from 127.0.0.1")
 
 
+@pytest.mark.parametrize("log_format", ["json", "console"])
+def test_tracebacks_never_show_local_variables(log_format: str) -> None:
+    stream = io.StringIO()
+    configure_logging(LogSettings(format=log_format, level="info"), stream=stream)  # type: ignore[arg-type]
+    secret = "S3cretPassw0rd"  # a local of the failing frame, like RedisSettings.url
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        logging.getLogger("elector").exception("election_crashed")
+    text = stream.getvalue()
+    assert "boom" in text and "election_crashed" in text
+    assert secret not in text
+
+
 def test_malformed_requests_never_log_errors(output: Output) -> None:
     _log_bad_request()
     (line,) = output.lines()

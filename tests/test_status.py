@@ -24,6 +24,7 @@ from elector.backend import RedisLeaseBackend, RedisSettings, make_client
 from elector.cli import cli
 from elector.lease import AcquireResult, Granted, Lease, QuietPeriod
 from elector.redis_server import free_tcp_port
+from tests.support.seed import seed_used_lock
 
 SECRET = "hunter2-not-for-output"
 JSON_KEYS = {
@@ -81,7 +82,7 @@ def acquire(url: str, lock: str, identity: str, *, ttl_ms: int) -> AcquireResult
 
 def grant(url: str, plain: redis.Redis, lock: str, identity: str, *, ttl_ms: int = 30_000) -> Lease:
     # A new lock has no fencing counter: its first acquire is a quiet period (by design). Seed it.
-    plain.set(f"elector:{{{lock}}}:fencing", 1)
+    seed_used_lock(plain, lock)
     result = acquire(url, lock, identity, ttl_ms=ttl_ms)
     assert isinstance(result, Granted), result
     return result.lease

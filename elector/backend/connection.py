@@ -63,6 +63,12 @@ class RedisSettings:
 
     def validate(self) -> None:
         parsed = _parse(self.url)
+        if "@" in parsed.path + parsed.query + parsed.fragment:
+            # urlsplit ended the user-info early: the password holds a raw "/", "?" or "#".
+            raise InvalidRedisSettingsError(
+                "the redis URL's password contains '/', '?' or '#': percent-encode it "
+                "(%2F, %3F, %23) or pass it with --redis-password-file"
+            )
         if parsed.scheme in ("redis", "rediss") and not parsed.hostname:
             raise InvalidRedisSettingsError(f"redis URL has no host: {redact_url(self.url)}")
         if parsed.scheme == "unix" and not parsed.path:
@@ -140,9 +146,9 @@ def redact_url(url: str) -> str:
     """
     scheme, sep, rest = url.partition("://")
     if sep:
-        # The last "@" before the query ends the user-info, so that an unescaped "@" in a
-        # password does not leave the rest of it in clear.
-        at = rest.partition("?")[0].rfind("@")
+        # The last "@" ends the user-info, so that an unescaped "@" or "?" in a password does not
+        # leave the rest of it in clear (a URL's query never needs an "@").
+        at = rest.rfind("@")
         if at >= 0:
             user, colon, password = rest[:at].partition(":")
             if colon and password:

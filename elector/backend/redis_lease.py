@@ -41,11 +41,13 @@ MAX_VALUE_BYTES = 4096
 
 def parse_holder(raw: bytes) -> Holder | None:
     """The holder named by a stored lease value or an announcement; None if not elector's."""
-    if not raw or len(raw) > MAX_VALUE_BYTES:
+    # Only elector's own shape is parsed: a foreign value (even deeply nested JSON, which would
+    # exhaust the parser's recursion) is simply "not elector's".
+    if not raw or len(raw) > MAX_VALUE_BYTES or not raw.startswith(b'{"'):
         return None
     try:
         data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     if not isinstance(data, dict):
         return None
@@ -73,6 +75,8 @@ def _translate(exc: Exception, *, what: str, keys: str = "") -> LeaseBackendErro
         text = str(exc)
         # Drop the script-call noise ("Error running script (call to f_...): @user_script:6: ").
         text = re.sub(r"^Error running script \(call to f_[0-9a-f]+\): @user_script:\d+: ", "", text)
+        if text.startswith("NOPERM") or "NOPERM" in text[:40]:
+            return LeaseBackendError(f"{what}: Redis refused access: {text}", kind=BackendErrorKind.AUTH)
         if "WRONGTYPE" in text:
             return LeaseBackendError(
                 f"{what}: a key of this lock ({keys}) is not a string: something other than elector "
@@ -105,6 +109,7 @@ class RedisLeaseBackend:
         self._renew = client.register_script(scripts.RENEW)
         self._release = client.register_script(scripts.RELEASE)
         self._observe = client.register_script(scripts.OBSERVE)
+        self._uncertain_token: str | None = None
 
     @property
     def lock(self) -> str:
@@ -122,14 +127,23 @@ class RedisLeaseBackend:
     async def acquire(self, identity: str, *, ttl_ms: int) -> AcquireResult:
         if ttl_ms <= 0:
             raise ValueError(f"ttl must be positive, got {ttl_ms} ms")
-        owner_token = secrets.token_hex(16)
-        reply: Any = await self._call(
-            "acquire",
-            lambda: self._acquire(
-                keys=[self.keys.lease, self.keys.fencing, self.keys.quiet],
-                args=[json.dumps(identity), owner_token, ttl_ms, self.keys.channel],
-            ),
-        )
+        # After an attempt whose answer was lost (timeout, broken connection) Redis may have granted
+        # it: retry with the same owner token, so the script can hand that grant back to us.
+        owner_token = self._uncertain_token or secrets.token_hex(16)
+        self._uncertain_token = owner_token
+        try:
+            reply: Any = await self._call(
+                "acquire",
+                lambda: self._acquire(
+                    keys=[self.keys.lease, self.keys.fencing, self.keys.quiet, self.keys.server],
+                    args=[json.dumps(identity), owner_token, ttl_ms, self.keys.channel],
+                ),
+            )
+        except LeaseBackendError as exc:
+            if exc.kind not in (BackendErrorKind.TIMEOUT, BackendErrorKind.CONNECTION):
+                self._uncertain_token = None
+            raise
+        self._uncertain_token = None
         try:
             code = int(reply[0])
             if code == 1:
@@ -284,11 +298,11 @@ class RedisEventSubscription:
         if not isinstance(data, bytes):
             return None
         holder = parse_holder(data)
+        if holder is None:
+            return None
         try:
             kind = LeaseEventKind(json.loads(data).get("event"))
-        except (ValueError, AttributeError, UnicodeDecodeError):
-            return None
-        if holder is None:
+        except (ValueError, AttributeError, UnicodeDecodeError, RecursionError):
             return None
         return LeaseEvent(kind=kind, holder=holder)
 

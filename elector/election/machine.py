@@ -83,7 +83,6 @@ class Election:
         self._valid_until = 0.0
         self._pending_release: Lease | None = None
         self._pending_release_reason: StepDownReason | None = None
-        self._lost_to: Holder | None = None  # set by an announcement while leading
 
         self._holder: Holder | None = None
         self._holder_expires_at: float | None = None
@@ -168,7 +167,7 @@ class Election:
                 await self._sleep_until(outcome.next_cycle_at)
         finally:
             listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await listener
             if self._lease is not None:
                 # Cancelled while leading (a second signal, the owner gave up): the lease is not
@@ -213,7 +212,6 @@ class Election:
             self._lease = lease
             self._last_renew_sent_at = sent
             self._valid_until = sent + self._timing.validity_s
-            self._lost_to = None
             self._state = State.LEADER
             self._observe_holder(lease.holder, expires_at=sent + self._timing.ttl_s)
             await self._call_hook("on_started_leading", self._hooks.on_started_leading(lease))
@@ -258,10 +256,6 @@ class Election:
     async def _leader_cycle(self) -> CycleOutcome:
         assert self._lease is not None
         now = self._clock()
-        if self._lost_to is not None:
-            holder = self._lost_to
-            await self._begin_step_down(StepDownReason.LOST, release=False, holder=holder)
-            return self._stepped_down(OutcomeKind.STEPPED_DOWN, StepDownReason.LOST, at=now, holder=holder)
         if now >= self._valid_until:
             # We were not scheduled in time (paused, starved): the lease may be gone already.
             await self._begin_step_down(StepDownReason.LEASE_EXPIRED, release=True)
@@ -328,7 +322,6 @@ class Election:
         self._state = State.STEPPING_DOWN
         await self._call_hook("on_stopped_leading", self._hooks.on_stopped_leading(reason))
         self._lease = None
-        self._lost_to = None
         self._valid_until = 0.0
         if release and lease is not None:
             self._pending_release = lease
@@ -476,10 +469,10 @@ class Election:
             event = self._events.popleft()
             if self._state is State.LEADER and self._lease is not None:
                 if event.kind is LeaseEventKind.ACQUIRED and (
-                    event.holder.fencing_token != self._lease.fencing_token
+                    event.holder.fencing_token > self._lease.fencing_token
                 ):
-                    # Someone was granted the lock, so our key is gone: stop leading now.
-                    self._lost_to = event.holder
+                    # A later grant means our key is gone. Announcements can be late or forged
+                    # (anyone allowed to PUBLISH), so renew now and let Redis say: lost, or ours.
                     run_now = True
             elif self._state is State.FOLLOWER:
                 if event.kind is LeaseEventKind.RELEASED:
@@ -515,6 +508,10 @@ class Election:
                         self._wakeup.set()
             except LeaseBackendError as exc:
                 logger.debug("announcement subscription broke: %s", exc)
+                failures += 1
+            except Exception:
+                # A bug or hostile data must not silently end the subscription for good.
+                logger.exception("announcement listener failed; re-subscribing")
                 failures += 1
             finally:
                 await subscription.close()

@@ -18,6 +18,7 @@ from elector.backend import InvalidRedisSettingsError, RedisSettings, make_clien
         ("redis://:secret@host:6379", "redis://:***@host:6379"),
         ("rediss://default:p%40ss@cache.example:6380/1", "rediss://default:***@cache.example:6380/1"),
         ("redis://u:p@ss/word@host:6379/0", "redis://u:***@host:6379/0"),
+        ("redis://app:Tr0ub4dor?3@h:6379/0", "redis://app:***@h:6379/0"),
         ("unix://:pw@/var/run/redis.sock?db=0", "unix://:***@/var/run/redis.sock?db=0"),
         ("redis://host:6379/0?password=secret&db=1", "redis://host:6379/0?password=***&db=1"),
         ("unix:///tmp/redis.sock?db=0&Password=x#frag", "unix:///tmp/redis.sock?db=0&Password=***#frag"),
@@ -42,6 +43,10 @@ def test_redact_url(url: str, expected: str) -> None:
         ("redis://host:notaport/0", "invalid port"),
         ("redis://:secret@host:99999/0", "invalid port"),
         ("unix://", "no socket path"),
+        ("redis://app:Tr0ub4dor?secret@h:6379/0", "percent-encode it"),
+        ("redis://app:a/secret@h:6379/0", "percent-encode it"),
+        ("redis://h:6379/0?socket_timeout=3", "'socket_timeout' is not supported"),
+        ("redis://h:6379/0?db=x", "Invalid value for 'db'"),
     ],
 )
 def test_bad_urls_are_refused_with_a_clear_message_and_no_secret(url: str, fragment: str) -> None:

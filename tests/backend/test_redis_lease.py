@@ -24,6 +24,7 @@ from elector.lease import (
     Renewed,
 )
 from elector.redis_server import RedisServerProcess, free_tcp_port
+from tests.support.seed import seed_used_lock_async
 from tests.support.tcp_proxy import TcpProxy
 
 TTL_MS = 2000
@@ -52,7 +53,7 @@ async def backend_for(redis_url: str) -> AsyncIterator[Callable[..., RedisLeaseB
 
 async def seed_counter(raw: redis.asyncio.Redis, lock: str = "jobs", value: int = 1) -> None:
     """Skip the quiet period of a brand-new lock where a test is not about it."""
-    await raw.set(scripts.LockKeys(lock).fencing, value)
+    await seed_used_lock_async(raw, lock, counter=value)
 
 
 async def grant(backend: RedisLeaseBackend, identity: str = "a", ttl_ms: int = TTL_MS) -> Granted:
@@ -224,7 +225,16 @@ async def test_acquire_script_refuses_a_non_positive_ttl(raw) -> None:
     keys = scripts.LockKeys("x")
     with pytest.raises(redis.exceptions.ResponseError, match="ttl must be a positive integer"):
         await raw.eval(
-            scripts.ACQUIRE, 3, keys.lease, keys.fencing, keys.quiet, '"a"', "t", "0", keys.channel
+            scripts.ACQUIRE,
+            4,
+            keys.lease,
+            keys.fencing,
+            keys.quiet,
+            keys.server,
+            '"a"',
+            "t",
+            "0",
+            keys.channel,
         )
 
 
@@ -236,7 +246,7 @@ async def test_foreign_data_gives_clear_data_errors(backend_for, raw) -> None:
     assert wrong_type.value.kind is BackendErrorKind.DATA
     await raw.delete("elector:{jobs}:lease")
     await raw.set("elector:{jobs}:fencing", "not-a-number")
-    with pytest.raises(LeaseBackendError, match="fencing counter is not a number") as garbage:
+    with pytest.raises(LeaseBackendError, match="fencing counter is not an integer below 10") as garbage:
         await backend.acquire("a", ttl_ms=TTL_MS)
     assert garbage.value.kind is BackendErrorKind.DATA
     await raw.set("elector:{jobs}:lease", "x" * 100_000, px=5000)
@@ -288,3 +298,83 @@ async def test_observe_reads_without_contending(backend_for, raw) -> None:
     seen = await backend.observe()
     assert seen.holder == lease.holder and 0 < (seen.remaining_ms or 0) <= TTL_MS
     assert seen.last_fencing_token == lease.fencing_token
+
+
+async def test_a_restart_from_an_old_snapshot_starts_a_quiet_period(
+    backend_for, raw, redis_server: RedisServerProcess
+) -> None:
+    await seed_used_lock_async(raw)
+    before = (await grant(backend_for(), ttl_ms=600)).lease.fencing_token
+    await raw.save()  # a snapshot that holds the counter, the run_id and the lease ...
+    await asyncio.sleep(0.65)  # ... whose lease has expired by the time it is loaded
+    redis_server.kill()
+    redis_server.start()
+    backend = backend_for()
+    quiet = await backend.acquire("b", ttl_ms=600)
+    assert isinstance(quiet, QuietPeriod), "a restarted server granted at once: the old leader may still lead"
+    await asyncio.sleep(0.62)
+    assert (await grant(backend, "b", ttl_ms=600)).lease.fencing_token > before
+
+
+async def test_an_acquire_whose_answer_was_lost_is_adopted_on_retry(
+    backend_for, raw, tcp_proxy: TcpProxy
+) -> None:
+    await seed_used_lock_async(raw)
+    backend = backend_for(url=tcp_proxy.url, timeout_s=0.2)
+    await backend.observe()  # a connected client ...
+    await raw.script_load(scripts.ACQUIRE)  # ... and a cached script: only the grant's answer is late
+    tcp_proxy.delay(0.3, direction="downstream")  # Redis applies the grant; the answer comes too late
+    with pytest.raises(LeaseBackendError) as info:
+        await backend.acquire("a", ttl_ms=TTL_MS)
+    assert info.value.kind is BackendErrorKind.TIMEOUT
+    stored = json.loads(await raw.get("elector:{jobs}:lease"))
+    tcp_proxy.restore()
+    adopted = await grant(backend, "a")
+    assert adopted.lease.fencing_token == stored["fencing_token"]
+    assert json.loads(adopted.lease.value) == stored
+    assert isinstance(await backend.renew(adopted.lease), Renewed)
+    other = await backend_for().acquire("b", ttl_ms=TTL_MS)  # another candidate cannot adopt it
+    assert isinstance(other, Held) and other.holder is not None and other.holder.identity == "a"
+
+
+async def test_a_user_without_channel_rights_still_gets_grants_and_releases(
+    backend_for, raw, redis_url: str
+) -> None:
+    await seed_used_lock_async(raw)
+    await raw.execute_command("ACL", "SETUSER", "limited", "on", ">pw", "~*", "+@all", "resetchannels")
+    limited_url = redis_url.replace("redis://", "redis://limited:pw@")
+    backend = backend_for(url=limited_url)
+    lease = (await grant(backend)).lease
+    assert isinstance(await backend.renew(lease), Renewed)
+    assert await backend.release(lease)
+    assert await raw.exists("elector:{jobs}:lease") == 0
+    with pytest.raises(LeaseBackendError) as info:
+        await backend.subscribe(keepalive_s=60)
+    assert info.value.kind is BackendErrorKind.AUTH
+
+
+async def test_hostile_values_never_crash_parsing(backend_for, raw) -> None:
+    await seed_used_lock_async(raw)
+    backend = backend_for()
+    subscription = await backend.subscribe(keepalive_s=60)
+    nested = "[" * 3000  # deep enough to exhaust a recursive JSON parser, short enough to be read
+    await raw.set("elector:{jobs}:lease", nested, px=5000)
+    held = await backend.acquire("a", ttl_ms=TTL_MS)
+    assert isinstance(held, Held) and held.holder is None
+    for message in (nested, '{"event":"acquired","identity":' + "[" * 3000, "not json", '{"event":"bogus"}'):
+        await raw.publish("elector:{jobs}:events", message)
+    assert await subscription.next_event(0.3) is None  # all ignored, the subscription lives on
+    await raw.delete("elector:{jobs}:lease")
+    lease = (await grant(backend)).lease
+    event = await subscription.next_event(1.0)
+    assert event is not None and event.holder == lease.holder
+    await subscription.close()
+
+
+@pytest.mark.parametrize("counter", ["9007199254740993", "nan", "inf", "1e300", "0x10", "-5", " 7"])
+async def test_a_counter_that_is_not_a_plain_exact_integer_is_refused(backend_for, raw, counter: str) -> None:
+    await seed_used_lock_async(raw)
+    await raw.set("elector:{jobs}:fencing", counter)
+    with pytest.raises(LeaseBackendError, match="not an integer below 10") as info:
+        await backend_for().acquire("a", ttl_ms=TTL_MS)
+    assert info.value.kind is BackendErrorKind.DATA

@@ -24,7 +24,7 @@ from elector.election import (
     State,
     StepDownReason,
 )
-from elector.lease import Holder, Lease
+from elector.lease import Holder, Lease, LeaseEventKind
 from tests.election.fake_backend import FakeBackend, FakeStore, unreachable
 
 pytestmark = pytest.mark.looptime
@@ -274,9 +274,24 @@ async def test_an_announced_grant_to_someone_else_ends_leadership_at_once(start,
     await asyncio.sleep(0.05)
     assert b.election.status().is_leader
     down = next(o for o in a.recorder.outcomes if o.step_down_reason is not None)
-    assert down.kind is OutcomeKind.STEPPED_DOWN and down.step_down_reason is StepDownReason.LOST
+    # The announcement made it renew at once; Redis said the key is gone.
+    assert down.kind is OutcomeKind.RENEW_LOST and down.step_down_reason is StepDownReason.LOST
     assert down.at < 1.6  # long before its next renewal at 2.0
     assert not a.election.status().is_leader
+
+
+async def test_stale_or_forged_announcements_cannot_end_leadership(start, store) -> None:
+    a = start("a")
+    await asyncio.sleep(1.5)
+    renewals_before = a.backend.requests["renew"]
+    store.publish(LeaseEventKind.ACQUIRED, Holder(identity="old", fencing_token=0))  # stale: ignored
+    await asyncio.sleep(0.01)
+    assert a.backend.requests["renew"] == renewals_before
+    store.publish(LeaseEventKind.ACQUIRED, Holder(identity="forger", fencing_token=10**12))
+    await asyncio.sleep(0.01)
+    assert a.backend.requests["renew"] == renewals_before + 1  # verified at once ...
+    assert a.election.status().is_leader  # ... and Redis says the lease is still ours
+    assert all(o.step_down_reason is None for o in a.recorder.outcomes)
 
 
 async def test_paused_process_past_its_validity_steps_down_without_renewing(start, store) -> None:
