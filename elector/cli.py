@@ -96,7 +96,7 @@ def cli() -> None:
     type=DURATION,
     envvar=_envvar("renew-interval"),
     show_envvar=True,
-    help="Time between renewals while leading. Default: ttl/3.",
+    help="Time between renewals while leading. Default: 0.3 x ttl.",
 )
 @click.option(
     "--renew-deadline",

@@ -161,7 +161,7 @@ def test_build_settings_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     timing = settings.timing
     assert timing.ttl_s == 10.0
     assert timing.ttl_ms == 10_000
-    assert timing.renew_interval_s == pytest.approx(3.333, abs=0.001)
+    assert timing.renew_interval_s == pytest.approx(3.0)
     assert timing.renew_deadline_s == pytest.approx(6.667, abs=0.001)
     assert timing.request_timeout_s == pytest.approx(1.0)
     # The Redis client uses the election's per-request timeout.
@@ -175,9 +175,9 @@ def test_build_settings_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_build_settings_derives_a_short_request_timeout_from_a_short_ttl() -> None:
     settings = _settings(ttl_s=1.0)
-    assert settings.timing.renew_interval_s == pytest.approx(1 / 3)
-    assert settings.timing.request_timeout_s == pytest.approx(1 / 6)
-    assert settings.redis.request_timeout_s == pytest.approx(1 / 6)
+    assert settings.timing.renew_interval_s == pytest.approx(0.3)
+    assert settings.timing.request_timeout_s == pytest.approx(0.15)
+    assert settings.redis.request_timeout_s == pytest.approx(0.15)
 
 
 def test_build_settings_keeps_explicit_values(tmp_path: Path) -> None:
@@ -269,7 +269,7 @@ def test_build_settings_empty_password_file(tmp_path: Path) -> None:
     [
         ({"ttl_s": 0.1}, "--ttl", None),
         ({"ttl_s": 3.0, "renew_interval_s": 5.0}, "--renew-deadline, --renew-interval", "2/3 of the ttl"),
-        ({"ttl_s": 10.0, "request_timeout_s": 5.0}, "--request-timeout, --renew-interval", "ttl/3"),
+        ({"ttl_s": 10.0, "request_timeout_s": 5.0}, "--request-timeout, --renew-interval", "0.3 x ttl"),
         ({"ttl_s": 10.0, "renew_deadline_s": 9.95}, "--renew-deadline, --ttl", None),
     ],
 )

@@ -45,7 +45,7 @@ from elector.lease import (
 logger = logging.getLogger(__name__)
 
 #: Upper bound of the random delay added to a follower's wake-up, seconds.
-MAX_WAKE_JITTER_S = 0.01
+MAX_WAKE_JITTER_S = 0.002
 #: A flood of announcements must not become a flood of requests.
 MIN_ATTEMPT_SPACING_S = 0.005
 #: Waits shorter than this are due now (like asyncio's own clock resolution); sleeping them can
@@ -227,7 +227,10 @@ class Election:
 
         cap = received + self._timing.ttl_s
         if isinstance(result, Held):
-            expires_at = None if result.remaining_ms is None else received + result.remaining_ms / 1000
+            # Redis read the PTTL between send and receive: the expiry is no earlier than
+            # send + PTTL, and waking then (not later) is what makes a takeover prompt. Waking a
+            # little early only costs one more look, and never less than a millisecond apart.
+            expires_at = None if result.remaining_ms is None else sent + max(result.remaining_ms, 1) / 1000
             self._observe_holder(result.holder, expires_at=expires_at)
             wake = cap if expires_at is None else min(cap, expires_at + self._jitter())
             return CycleOutcome(
@@ -248,7 +251,7 @@ class Election:
             at=sent,
             duration_s=received - sent,
             remaining_ms=result.remaining_ms,
-            next_cycle_at=min(cap, received + result.remaining_ms / 1000 + self._jitter()),
+            next_cycle_at=min(cap, sent + max(result.remaining_ms, 1) / 1000 + self._jitter()),
         )
 
     # -- leader --------------------------------------------------------------------------------

@@ -19,6 +19,10 @@ CLOCK_DRIFT_RATE = 0.01
 CLOCK_DRIFT_FIXED_S = 0.005
 
 
+#: Default renew interval as a share of the ttl (see ElectionTiming on why not 1/3).
+DEFAULT_RENEW_INTERVAL_SHARE = 0.3
+
+
 class InvalidTimingError(ValueError):
     """A timing setting violates an invariant.
 
@@ -33,7 +37,7 @@ class InvalidTimingError(ValueError):
 
 #: How each setting defaults, for messages about values the user never set.
 DEFAULTS_TEXT = {
-    "renew_interval": "ttl/3",
+    "renew_interval": "0.3 x ttl",
     "renew_deadline": "2/3 of the ttl",
     "request_timeout": "half the renew interval, at most 1s",
 }
@@ -43,9 +47,14 @@ DEFAULTS_TEXT = {
 class ElectionTiming:
     """When to renew, when to give up, and how long each request may take.
 
-    Defaults (see `from_ttl`): renew every ttl/3, give up at 2/3 ttl after the last successful
+    Defaults (see `from_ttl`): renew every 0.3 x ttl, give up at 2/3 ttl after the last successful
     renewal, so that two more renewals can fail before stepping down and a third of the ttl
     remains to stop leader work before the lease can expire on Redis.
+
+    Why 0.3 and not 1/3: an expiry a follower waits for is a renewal's time plus the ttl. With
+    exactly ttl/3 that instant is also a later renewal's, and a waking follower races it: it sees
+    2/3 ttl left and re-checks every 2/3 ttl. At 0.3 x ttl a renewal lands a tenth of a ttl before
+    each old expiry, so a follower sees 0.9 ttl left and re-checks every 0.9 ttl.
     """
 
     #: Lease time to live, seconds (written to Redis as PX).
@@ -70,7 +79,7 @@ class ElectionTiming:
         stop_work_s: float = 0.0,
     ) -> ElectionTiming:
         """Fill the unset settings with defaults derived from the ttl, then validate."""
-        interval = ttl_s / 3 if renew_interval_s is None else renew_interval_s
+        interval = ttl_s * DEFAULT_RENEW_INTERVAL_SHARE if renew_interval_s is None else renew_interval_s
         deadline = ttl_s * 2 / 3 if renew_deadline_s is None else renew_deadline_s
         defaulted = [
             name

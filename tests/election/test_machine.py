@@ -29,7 +29,13 @@ from tests.election.fake_backend import FakeBackend, FakeStore, unreachable
 
 pytestmark = pytest.mark.looptime
 
-TTL_S = 3.0  # renew every 1 s, deadline at 2 s, request timeout 0.5 s
+TTL_S = 3.0
+RENEW_S = 1.0  # pinned (not the default 0.9 s) so that renewal times are round: 1, 2, 3 ...
+
+
+def timing(ttl_s: float = TTL_S) -> ElectionTiming:
+    """Deadline at 2 s, request timeout 0.5 s."""
+    return ElectionTiming.from_ttl(ttl_s, renew_interval_s=ttl_s / 3)
 
 
 @dataclasses.dataclass
@@ -82,13 +88,15 @@ def store() -> FakeStore:
 async def start(store: FakeStore) -> AsyncIterator[object]:
     started: list[Candidate] = []
 
-    def _start(identity: str, *, ttl_s: float = TTL_S, clock: object = None) -> Candidate:
+    def _start(
+        identity: str, *, ttl_s: float = TTL_S, clock: object = None, default_timing: bool = False
+    ) -> Candidate:
         backend = FakeBackend(store)
         recorder = Recorder()
         election = Election(
             backend,
             identity=identity,
-            timing=ElectionTiming.from_ttl(ttl_s),
+            timing=ElectionTiming.from_ttl(ttl_s) if default_timing else timing(ttl_s),
             hooks=recorder.hooks(),
             rng=random.Random(7),
             clock=clock,  # type: ignore[arg-type]
@@ -146,6 +154,20 @@ async def test_follower_waits_for_the_holders_expiry_not_a_polling_tick(start, s
     assert b.election.status().holder == Holder(identity="a", fencing_token=1)
 
 
+async def test_with_the_default_timing_an_idle_follower_looks_every_nine_tenths_of_a_ttl(
+    start, store
+) -> None:
+    a = start("a", default_timing=True)
+    await asyncio.sleep(0.1)
+    b = start("b", default_timing=True)
+    await asyncio.sleep(60)
+    looks = [o.at for o in b.recorder.outcomes if o.kind is OutcomeKind.HELD]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(looks)]
+    assert gaps and min(gaps[1:]) >= 0.9 * TTL_S - 0.01  # never racing a renewal
+    assert len(looks) <= 60 / (0.9 * TTL_S) + 2
+    assert a.election.status().is_leader
+
+
 async def test_crashed_leader_is_replaced_when_its_lease_runs_out(start, store) -> None:
     a = start("a")
     await asyncio.sleep(0.1)
@@ -158,8 +180,8 @@ async def test_crashed_leader_is_replaced_when_its_lease_runs_out(start, store) 
     expires_at = store.lease.expires_at if store.lease else crashed_at
     await asyncio.sleep(TTL_S + 1)
     acquired = b.recorder.first(OutcomeKind.ACQUIRED)
-    assert expires_at <= acquired.at <= expires_at + 0.011  # the expiry plus jitter, no polling tick
-    assert acquired.at - crashed_at <= TTL_S + 0.011
+    assert expires_at <= acquired.at <= expires_at + 0.0021  # the expiry plus jitter, no polling tick
+    assert acquired.at - crashed_at <= TTL_S + 0.0021
     assert acquired.holder == Holder(identity="b", fencing_token=2)
 
 
@@ -347,7 +369,7 @@ async def test_failing_hooks_never_stop_the_election(store) -> None:
     election = Election(
         FakeBackend(store),
         identity="a",
-        timing=ElectionTiming.from_ttl(TTL_S),
+        timing=timing(),
         hooks=ElectionHooks(on_started_leading=boom, on_outcome=bad_outcome),
     )
     task = asyncio.create_task(election.run())
@@ -372,7 +394,7 @@ async def test_status_reports_cycle_due_and_backend_health(start, store) -> None
 
 async def test_step_can_be_driven_by_hand(store) -> None:
     """Each cycle returns a value: here the test is the loop."""
-    election = Election(FakeBackend(store), identity="a", timing=ElectionTiming.from_ttl(TTL_S))
+    election = Election(FakeBackend(store), identity="a", timing=timing())
     first = await election.step()
     assert first.kind is OutcomeKind.ACQUIRED and first.state is State.LEADER
     assert first.next_cycle_at == pytest.approx(first.at + 1.0)
