@@ -1,0 +1,228 @@
+"""idle_resources: memory and CPU of an idle leader and an idle follower (ttl 10 s).
+
+Both install flavours run side by side on one redis-server: the dev venv (.venv, with the dev
+extras) and a runtime-only venv (`pip install <elector>`, no extras: no rich/pygments), as the
+container image will have. RSS comes from /proc/PID/status (VmRSS = RssAnon + RssFile + RssShmem);
+CPU from utime+stime in /proc/PID/stat, sampled at the start and end of the idle window.
+The RSS is then broken down: per-import increments measured in a fresh runtime-venv interpreter,
+and the largest mappings (shared libraries, heap) of the idle runtime-only leader from smaps.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+from bench.common import BenchResult, Daemon, RedisLab, Table, Target
+from bench.context import Context
+
+NAME = "idle_resources"
+TTL = "10s"
+WARMUP_S = 5.0
+RSS_TARGET_MIB = 40.0
+CPU_TARGET_PCT = 0.3
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+#: Shared dependencies first (asyncio itself imports ssl), so that each increment is what that
+#: package adds on top of the ones before it.
+IMPORT_STEPS = [
+    ("ssl (and libssl/libcrypto)", "import ssl"),
+    ("asyncio", "import asyncio"),
+    ("redis-py (redis.asyncio)", "import redis.asyncio"),
+    ("aiohttp (+ aiohttp.web)", "import aiohttp, aiohttp.web"),
+    ("prometheus_client", "import prometheus_client"),
+    ("structlog", "import structlog"),
+    ("click", "import click"),
+    ("elector (cli, app and the rest)", "import elector.cli, elector.app"),
+]
+_IMPORT_PROBE = """
+import json, sys
+def rss():
+    fields = {}
+    for line in open("/proc/self/status"):
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssAnon", "RssFile"):
+            fields[key] = int(value.split()[0])
+    return fields
+steps = [("interpreter (python -c)", rss())]
+for label, statement in json.loads(sys.argv[1]):
+    exec(statement, {})
+    steps.append((label, rss()))
+print(json.dumps(steps))
+"""
+
+
+def status_kib(pid: int) -> dict[str, int]:
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+            fields[key] = int(value.split()[0])
+    return fields
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # After the command name: field 14 (utime) and 15 (stime) are at offsets 11 and 12.
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def largest_mappings(pid: int, top: int = 8) -> list[tuple[str, int]]:
+    """Rss (KiB) per mapped file or region ([heap], anonymous), largest first."""
+    sizes: collections.Counter[str] = collections.Counter()
+    current = "[anonymous]"
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split(maxsplit=5)
+        if len(head) >= 5 and "-" in head[0] and not head[0].endswith(":"):
+            # A mapping's header line: "start-end perms offset dev inode [path]".
+            path = head[5] if len(head) == 6 else "[anonymous]"
+            current = Path(path).name if path.startswith("/") else path
+        elif line.startswith("Rss:"):
+            sizes[current] += int(line.split()[1])
+    return sizes.most_common(top)
+
+
+def import_increments(
+    python: str, steps: list[tuple[str, str]], repeats: int = 3
+) -> list[tuple[str, dict[str, float]]]:
+    """Median RSS (KiB) at start and after each import step, over fresh interpreters."""
+    runs = []
+    for _ in range(repeats):
+        out = subprocess.run(
+            [python, "-c", _IMPORT_PROBE, json.dumps(steps)],
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        runs.append(json.loads(out.stdout))
+    labels = [label for label, _ in runs[0]]
+    return [
+        (label, {key: statistics.median(run[i][1][key] for run in runs) for key in runs[0][i][1]})
+        for i, label in enumerate(labels)
+    ]
+
+
+def import_alone(python: str, statement: str) -> float:
+    """VmRSS (KiB) one import adds to a bare interpreter, dependencies included (median of 3)."""
+    (_, before), (_, after) = import_increments(python, [("alone", statement)])
+    return after["VmRSS"] - before["VmRSS"]
+
+
+def mib(kib: float) -> str:
+    return f"{kib / 1024:.1f}"
+
+
+def run(ctx: Context) -> BenchResult:
+    window_s = 30.0 if ctx.quick else 60.0
+    flavours = {"dev venv (.venv)": ctx.dev_python, "runtime-only venv": ctx.runtime_python()}
+    logs = ctx.dir("idle-resources")
+    usage = Table(
+        f"Idle daemons, ttl {TTL}, {window_s:g} s window (MiB = 1024*1024 bytes)",
+        ["install", "role", "VmRSS MiB", "RssAnon MiB", "RssFile MiB", "RssShmem MiB", "CPU % of one core"],
+    )
+    targets: list[Target] = []
+    with RedisLab(ctx.redis_binary) as lab:
+        daemons: list[tuple[str, str, Daemon]] = []
+        try:
+            for index, (flavour, python) in enumerate(flavours.items()):
+                lock = f"bench-resources-{index}"
+                lab.seed(lock)
+                for role in ("leader", "follower"):
+                    daemon = Daemon(
+                        python=python, redis_url=lab.url, lock=lock, identity=role,
+                        ttl=TTL, log_path=logs / f"{index}-{role}.log",
+                    ).start()  # fmt: skip
+                    if role == "leader":
+                        daemon.wait_event("acquired", timeout_s=15)
+                    else:
+                        daemon.wait_following()
+                    daemons.append((flavour, role, daemon))
+            time.sleep(WARMUP_S)
+            before = [(time.monotonic(), cpu_seconds(d.pid)) for _, _, d in daemons]
+            time.sleep(window_s)
+            for (flavour, role, daemon), (t0, cpu0) in zip(daemons, before, strict=True):
+                share = (cpu_seconds(daemon.pid) - cpu0) / (time.monotonic() - t0) * 100
+                rss = status_kib(daemon.pid)
+                usage.add(
+                    flavour, role, mib(rss["VmRSS"]), mib(rss["RssAnon"]), mib(rss["RssFile"]),
+                    mib(rss["RssShmem"]), f"{share:.3f} %",
+                )  # fmt: skip
+                targets.append(Target(
+                    f"RSS <= {RSS_TARGET_MIB:g} MiB ({flavour}, {role})", f"<= {RSS_TARGET_MIB:g} MiB",
+                    f"{mib(rss['VmRSS'])} MiB", rss["VmRSS"] / 1024 <= RSS_TARGET_MIB,
+                ))  # fmt: skip
+                targets.append(Target(
+                    f"CPU <= {CPU_TARGET_PCT:g} % ({flavour}, {role})", f"<= {CPU_TARGET_PCT:g} %",
+                    f"{share:.3f} %", share <= CPU_TARGET_PCT,
+                ))  # fmt: skip
+            runtime_leader = next(d for f, r, d in daemons if f == "runtime-only venv" and r == "leader")
+            leader_rss = status_kib(runtime_leader.pid)["VmRSS"]
+            mappings = largest_mappings(runtime_leader.pid)
+        finally:
+            for _, _, daemon in daemons:
+                daemon.stop()
+    return BenchResult(
+        name=NAME,
+        title="Idle memory and CPU",
+        method=(
+            f"An idle leader and an idle follower `elector run` at ttl {TTL}, from the dev venv (.venv, dev "
+            "extras installed) and from a runtime-only venv built like the container image "
+            "(`python3 -m venv /tmp/elector-bench-rt && pip install <elector>`, no extras: no "
+            f"rich/pygments), all four on one private redis-server. After a {WARMUP_S:g} s warm-up, CPU = "
+            f"(utime+stime from /proc/PID/stat over the {window_s:g} s window) / wall time, as % of one "
+            "core; RSS = VmRSS and its "
+            "RssAnon/RssFile/RssShmem split from /proc/PID/status at the end of the window. "
+            f"Targets: <= {RSS_TARGET_MIB:g} MB RSS (read as MiB), <= {CPU_TARGET_PCT:g} % of one core."
+        ),
+        tables=[usage, _imports_table(ctx.runtime_python(), leader_rss), _mappings_table(mappings)],
+        targets=targets,
+        notes=[_extra_modules_note(flavours)],
+    )
+
+
+def _extra_modules_note(flavours: dict[str, str]) -> str:
+    """Which modules the dev venv loads on top of the runtime-only one (e.g. rich via structlog.dev)."""
+    probe = "import sys, json, elector.cli, elector.app; print(json.dumps(sorted(sys.modules)))"
+    loaded = {
+        flavour: set(json.loads(subprocess.run([python, "-c", probe], capture_output=True, text=True,
+                                               timeout=60, check=True).stdout))
+        for flavour, python in flavours.items()
+    }  # fmt: skip
+    dev, runtime = loaded.values()
+    extra = sorted({name.split(".")[0] for name in dev - runtime})
+    return (
+        f"After importing elector.cli and elector.app the dev venv has {len(dev)} modules loaded, the "
+        f"runtime-only venv {len(runtime)}; the dev venv's extra top-level packages: "
+        f"{', '.join(extra) or 'none'} (structlog.dev imports rich when it is installed)."
+    )
+
+
+def _imports_table(python: str, daemon_rss_kib: int) -> Table:
+    table = Table(
+        "Where the runtime-only RSS goes: per-import increments in import order, and each import "
+        "alone on a bare interpreter (fresh interpreters, medians of 3)",
+        ["step", "VmRSS after MiB", "+VmRSS MiB", "+RssAnon MiB", "+RssFile MiB", "+VmRSS alone MiB"],
+    )
+    previous: dict[str, float] | None = None
+    steps = import_increments(python, IMPORT_STEPS)
+    statements = dict(IMPORT_STEPS)
+    for label, rss in steps:
+        base = previous or dict.fromkeys(rss, 0.0)
+        alone = mib(import_alone(python, statements[label])) if label in statements else ""
+        deltas = (mib(rss[k] - base[k]) for k in ("VmRSS", "RssAnon", "RssFile"))
+        table.add(label, mib(rss["VmRSS"]), *deltas, alone)
+        previous = rss
+    last = steps[-1][1]["VmRSS"]
+    running = mib(daemon_rss_kib - last)
+    table.add("running daemon (loop, connections, HTTP)", mib(daemon_rss_kib), running, "", "", "")
+    return table
+
+
+def _mappings_table(mappings: list[tuple[str, int]]) -> Table:
+    table = Table("Largest mappings of the idle runtime-only leader (smaps Rss)", ["mapping", "Rss MiB"])
+    for name, kib in mappings:
+        table.add(name, mib(kib))
+    return table
