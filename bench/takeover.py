@@ -1,12 +1,12 @@
 """takeover: SIGKILL the leader at a random point of its term; how soon does the follower lead?
 
-elector: two `elector run` daemons, ttl 2 s (renew interval ttl/3). Each round waits until the
-follower has looked at the lock, then kills the leader uniform(0.5, 3.5) renew intervals after
-its "acquired" line; the kill time is the wall clock right before os.kill. The takeover is the
-follower's "acquired" timestamp minus the kill time. The killed daemon is restarted as the next
-follower. When the restarted follower is not ready by the drawn kill time, the kill moves on by
-whole renew intervals: the phase within the renewal cycle, which is what decides the takeover
-time, stays the drawn one.
+elector: two `elector run` daemons, ttl 2 s (renew interval: the daemon default, 0.3 x ttl). Each
+round waits until the follower has looked at the lock, then kills the leader uniform(0.5, 3.5) renew
+intervals after its "acquired" line; the kill time is the wall clock right before os.kill. The
+takeover is the follower's "acquired" timestamp minus the kill time. The killed daemon is restarted
+as the next follower. When the restarted follower is not ready by the drawn kill time, the kill
+moves on by whole renew intervals: the phase within the renewal cycle, which is what decides the
+takeover time, stays the drawn one.
 
 etcd: `etcdctl lock --ttl 2 NAME -- CMD` twice; the holding etcdctl is SIGKILLed at the same kind
 of random point (session keep-alives also run every ttl/3) and the time to the waiter's CMD start
@@ -32,10 +32,12 @@ from bench.common import (
 )
 from bench.context import Context
 from bench.etcd import LockContender, wait_queued
+from elector.election import ElectionTiming
 
 NAME = "takeover"
 TTL_S = 2.0
-INTERVAL_S = TTL_S / 3
+# The daemon's own default, so that "a random point of the term" and "just after a renewal" follow it.
+INTERVAL_S = ElectionTiming.from_ttl(TTL_S).renew_interval_s
 LOCK = "bench-takeover"
 
 
@@ -164,7 +166,8 @@ def run(ctx: Context) -> BenchResult:
         title="Crash takeover (SIGKILL of the leader)",
         method=(
             f"Two `elector run` daemons at ttl {TTL_S:g} s on a private redis-server, lock seeded as already "
-            "used. Each round SIGKILLs the leader uniform(0.5, 3.5) renew intervals (ttl/3) after its "
+            "used. Each round SIGKILLs the leader uniform(0.5, 3.5) renew intervals (the daemon "
+            "default, 0.3 x ttl) after its "
             "`acquired` log line and measures from the wall clock taken right before `os.kill` to the "
             "follower's `acquired` timestamp (logged right after on_started_leading, where leader work "
             "starts); the killed daemon is restarted as the next follower. If that follower is not yet "
