@@ -6,13 +6,17 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := demo
-.PHONY: demo test lint bench setup clean distclean
+.PHONY: demo test lint bench setup system-deps clean distclean
 
 demo: $(STAMP)
 	$(BIN)/elector demo
 
-test: lint
+test: lint system-deps
 	$(BIN)/pytest
+
+# promtool (for the alerting rules' tests), installed with apt when run as root.
+system-deps:
+	bash scripts/system-deps.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
