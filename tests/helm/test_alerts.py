@@ -1,0 +1,139 @@
+"""The Prometheus alerting rules in helm/elector/files: checked and unit-tested by the real promtool.
+
+`promtool check rules` validates the rules file; `promtool test rules` runs alerts.test.yaml, which
+holds a firing and a silent case for every alert. Mutation tests prove those cases have teeth: an
+alert that never fires, or one whose `for:`/threshold is loosened, must make the unit tests fail.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+FILES = Path(__file__).resolve().parents[2] / "helm" / "elector" / "files"
+RULES = FILES / "alerts.rules.yaml"
+UNIT_TESTS = FILES / "alerts.test.yaml"
+ALERTS = {
+    "ElectorNoLeader",
+    "ElectorMultipleLeaders",
+    "ElectorRenewalsFailing",
+    "ElectorLeadershipFlapping",
+    "ElectorRedisUnreachable",
+}
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.fail(
+            "promtool is missing: run `bash scripts/system-deps.sh` (as root; installs Debian's prometheus)"
+        )
+    return path
+
+
+def run_promtool(promtool: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([promtool, *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
+
+
+def load_rules() -> list[dict[str, Any]]:
+    document = yaml.safe_load(RULES.read_text())
+    assert [group["name"] for group in document["groups"]] == ["elector"]
+    rules: list[dict[str, Any]] = document["groups"][0]["rules"]
+    return rules
+
+
+def test_promtool_check_rules_passes(promtool: str) -> None:
+    result = run_promtool(promtool, "check", "rules", RULES.name, cwd=FILES)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 5 rules found" in result.stdout + result.stderr
+
+
+def test_promtool_unit_tests_pass(promtool: str) -> None:
+    result = run_promtool(promtool, "test", "rules", UNIT_TESTS.name, cwd=FILES)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout + result.stderr
+
+
+def test_the_group_holds_exactly_the_five_alerts_with_severity_and_annotations() -> None:
+    rules = load_rules()
+    assert sorted(rule["alert"] for rule in rules) == sorted(ALERTS)
+    for rule in rules:
+        assert rule["labels"]["severity"] in {"critical", "warning"}, rule["alert"]
+        assert set(rule["annotations"]) == {"summary", "description"}, rule["alert"]
+        for text in rule["annotations"].values():
+            assert "{{ $labels.lock }}" in text, rule["alert"]
+            assert "{{ $labels.namespace }}" in text, rule["alert"]
+    severities = {rule["alert"]: rule["labels"]["severity"] for rule in rules}
+    assert severities["ElectorNoLeader"] == severities["ElectorMultipleLeaders"] == "critical"
+
+
+def test_every_alert_aggregates_to_namespace_and_lock() -> None:
+    """Alerts group by (namespace, lock) and carry no scrape-specific labels such as instance."""
+    for rule in load_rules():
+        groupings = re.findall(r"\bby\s*\(([^)]*)\)", rule["expr"])
+        assert groupings, f"{rule['alert']} does not aggregate"
+        for grouping in groupings:
+            labels = {label.strip() for label in grouping.split(",")}
+            assert {"namespace", "lock"} <= labels, (rule["alert"], grouping)
+            assert labels <= {"namespace", "lock", "pod"}, (rule["alert"], grouping)
+
+
+def test_the_for_durations_tolerate_normal_handoffs_and_blips() -> None:
+    durations = {rule["alert"]: rule.get("for") for rule in load_rules()}
+    assert durations == {
+        "ElectorNoLeader": "1m",
+        "ElectorMultipleLeaders": "1m",
+        "ElectorRenewalsFailing": "10m",
+        "ElectorLeadershipFlapping": None,  # its 15m window is the smoothing
+        "ElectorRedisUnreachable": "2m",
+    }
+
+
+def test_the_unit_tests_hold_a_firing_and_a_silent_case_for_every_alert() -> None:
+    document = yaml.safe_load(UNIT_TESTS.read_text())
+    assert document["rule_files"] == [RULES.name]
+    fires: set[str] = set()
+    silent: set[str] = set()
+    for case in document["tests"]:
+        for check in case["alert_rule_test"]:
+            alerts = check.get("exp_alerts") or []
+            (fires if alerts else silent).add(check["alertname"])
+            for alert in alerts:
+                assert {"severity", "namespace", "lock"} <= set(alert["exp_labels"]), check
+                assert set(alert["exp_annotations"]) == {"summary", "description"}, check
+    assert fires == ALERTS
+    assert silent == ALERTS
+
+
+def _mutated(rules: list[dict[str, Any]], alert: str, change: str) -> list[dict[str, Any]]:
+    out = [dict(rule) for rule in rules]
+    rule = next(rule for rule in out if rule["alert"] == alert)
+    if change == "never fires":
+        rule["expr"] = "vector(0) > 1"
+    elif "for" in rule:  # "loosened": a blip or a handoff would now page
+        rule["for"] = "0s"
+    else:
+        rule["expr"] = rule["expr"].replace("> 5", "> 2")
+    return out
+
+
+@pytest.mark.parametrize("change", ["never fires", "loosened"])
+@pytest.mark.parametrize("alert", sorted(ALERTS))
+def test_the_unit_tests_catch_a_broken_alert(promtool: str, tmp_path: Path, alert: str, change: str) -> None:
+    """Each alert's unit tests fail when it never fires and when its `for:` or threshold is loosened."""
+    rules = load_rules()
+    mutant = _mutated(rules, alert, change)
+    assert mutant != rules
+    (tmp_path / RULES.name).write_text(yaml.safe_dump({"groups": [{"name": "elector", "rules": mutant}]}))
+    shutil.copy(UNIT_TESTS, tmp_path / UNIT_TESTS.name)
+    assert run_promtool(promtool, "check", "rules", RULES.name, cwd=tmp_path).returncode == 0
+    result = run_promtool(promtool, "test", "rules", UNIT_TESTS.name, cwd=tmp_path)
+    assert result.returncode != 0, f"the unit tests still pass with {alert} {change}"
+    assert f"alertname: {alert}," in result.stdout + result.stderr
