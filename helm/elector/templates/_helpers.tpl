@@ -1,0 +1,94 @@
+{{/*
+Names, labels and small helpers. Every helper takes the chart's root context (`.`), or a subchart's
+context when the elector chart is a dependency of another chart.
+*/}}
+
+{{/* Chart name, or nameOverride. */}}
+{{- define "elector.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name: fullnameOverride, else "<release>-<name>" (just "<release>" when it already contains the
+name). Truncated to 63 characters, the limit of DNS labels.
+*/}}
+{{- define "elector.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* "name-version" for the helm.sh/chart label. */}}
+{{- define "elector.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Standard labels of every object. */}}
+{{- define "elector.labels" -}}
+helm.sh/chart: {{ include "elector.chart" . }}
+{{ include "elector.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | trunc 63 | trimSuffix "-" | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Labels that select the example workload's pods (immutable in a Deployment's selector). */}}
+{{- define "elector.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "elector.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* The ServiceAccount the workload runs as. */}}
+{{- define "elector.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "elector.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The elector image: repository@digest, else repository:tag (tag defaults to the appVersion). */}}
+{{- define "elector.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+{{- end }}
+
+{{/* The lock name: elector.lock, else the full name. */}}
+{{- define "elector.lock" -}}
+{{- default (include "elector.fullname" .) .Values.elector.lock }}
+{{- end }}
+
+{{/* True when the monitoring.coreos.com/v1 API is served (or a monitoring object is forced). */}}
+{{- define "elector.monitoringApi" -}}
+{{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end }}
+{{- end }}
+
+{{/* Checks of value combinations the schema cannot express; called from the workload template. */}}
+{{- define "elector.validate" -}}
+{{- if .Values.operator.enabled }}
+{{- fail "operator.enabled: the elector operator is not part of this chart version yet; set it to false" }}
+{{- end }}
+{{- if and .Values.podDisruptionBudget.enabled (ne (toString .Values.podDisruptionBudget.minAvailable) "") (ne (toString .Values.podDisruptionBudget.maxUnavailable) "") }}
+{{- fail "podDisruptionBudget: set only one of minAvailable and maxUnavailable" }}
+{{- end }}
+{{- if lt (int .Values.workload.terminationGracePeriodSeconds) (add (int .Values.sidecar.preStopSleepSeconds) 10 | int) }}
+{{- fail "workload.terminationGracePeriodSeconds must be at least sidecar.preStopSleepSeconds + 10, so the leader drains its work and releases the lease before it is killed" }}
+{{- end }}
+{{- end }}
+
+{{/*
+Operator: reserved. The operator's Deployment, CRD and RBAC come with a later chart version under
+templates/operator/, rendered only with operator.enabled.
+*/}}

@@ -1,0 +1,265 @@
+"""Contract between the chart and the daemon: what the chart passes exists in `elector run --help`, and a
+real daemon configured only from the rendered container's env answers the probes the chart declares."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from helm_python.chart import Chart
+from helm_python.errors import HelmValuesError
+from support.seed import seed_used_lock
+
+from elector.backend.scripts import LockKeys
+from elector.http import HttpSettings
+from elector.redis_server import free_tcp_port
+
+Render = Callable[[dict[str, Any]], list[dict[str, Any]]]
+
+OPTIONAL = {"elector": {"renewInterval": "1s", "renewDeadline": "2s", "requestTimeout": "200ms", "ttl": "3s"}}
+WITH_SECRET = {"elector": {**OPTIONAL["elector"], "redis": {"existingSecret": "redis-auth"}}}
+
+
+@pytest.fixture(scope="module")
+def run_help() -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "elector", "run", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return result.stdout
+
+
+def sidecar(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    return next(c for c in pod["containers"] if c["name"] == "elector")
+
+
+def help_env_vars(help_text: str) -> set[str]:
+    flat = " ".join(help_text.split())
+    return set(re.findall(r"env var: (ELECTOR_[A-Z_]+)", flat))
+
+
+def test_every_env_var_exists_in_run_help(render: Render, run_help: str) -> None:
+    env_names = {e["name"] for e in sidecar(render(WITH_SECRET))["env"]}
+    known = help_env_vars(run_help)
+    assert "ELECTOR_LOCK" in known  # the parser works
+    elector_vars = {n for n in env_names if n.startswith("ELECTOR_")}
+    assert elector_vars == {
+        "ELECTOR_REDIS_URL",
+        "ELECTOR_LOCK",
+        "ELECTOR_TTL",
+        "ELECTOR_HTTP_ADDRESS",
+        "ELECTOR_LOG_FORMAT",
+        "ELECTOR_LOG_LEVEL",
+        "ELECTOR_RENEW_INTERVAL",
+        "ELECTOR_RENEW_DEADLINE",
+        "ELECTOR_REQUEST_TIMEOUT",
+        "ELECTOR_REDIS_PASSWORD_FILE",
+    }
+    assert elector_vars <= known, elector_vars - known
+    # the only other variable is the identity, which the daemon reads from $POD_NAME
+    assert env_names - elector_vars == {"POD_NAME"}
+    assert "$POD_NAME" in run_help
+
+
+def test_args_are_a_real_subcommand(render: Render) -> None:
+    from elector.cli import cli
+
+    assert sidecar(render({}))["args"][0] in cli.commands
+
+
+def test_port_matches_the_daemon_default(render: Render, run_help: str) -> None:
+    container = sidecar(render({}))
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    port = container["ports"][0]["containerPort"]
+    assert env["ELECTOR_HTTP_ADDRESS"] == f"0.0.0.0:{port}"
+    assert port == HttpSettings().port
+    assert f"default: 0.0.0.0:{port}" in " ".join(run_help.split())
+
+
+def test_log_settings_are_accepted_choices(render: Render, run_help: str) -> None:
+    flat = " ".join(run_help.split())
+    env = {e["name"]: e.get("value") for e in sidecar(render({}))["env"]}
+    assert env["ELECTOR_LOG_FORMAT"] in re.search(r"--log-format \[([a-z|]+)\]", flat).group(1).split("|")  # type: ignore[union-attr]
+    assert env["ELECTOR_LOG_LEVEL"] in re.search(r"--log-level \[([a-z|]+)\]", flat).group(1).split("|")  # type: ignore[union-attr]
+
+
+class Sidecar:
+    """A real `python -m elector run` started with the rendered container's args and env only."""
+
+    def __init__(self, container: dict[str, Any], *, redis_url: str, pod_name: str, log_dir: Path) -> None:
+        self.port = free_tcp_port()
+        env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        assert container["env"][0] == {
+            "name": "POD_NAME",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+        }
+        env["POD_NAME"] = pod_name  # what the downward API provides
+        env["ELECTOR_REDIS_URL"] = redis_url  # the test's own redis-server
+        env["ELECTOR_HTTP_ADDRESS"] = f"127.0.0.1:{self.port}"  # a free port instead of 8080
+        self.log = (log_dir / f"{pod_name}.log").open("wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "elector", *container["args"]],
+            env={k: v for k, v in os.environ.items() if not k.startswith("ELECTOR_")} | env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def get(self, path: str) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=1) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except OSError:
+            return 0
+
+    def wait_for(self, path: str, status: int, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.get(path) == status:
+                return
+            assert self.process.poll() is None, f"sidecar exited {self.process.returncode}"
+            time.sleep(0.02)
+        raise AssertionError(f"{path} did not answer {status} within {timeout_s}s")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+        self.log.close()
+
+
+@pytest.fixture
+def start_sidecar(redis_url: str, tmp_path: Path) -> Iterator[Any]:
+    started: list[Sidecar] = []
+
+    def _start(container: dict[str, Any], pod_name: str) -> Sidecar:
+        started.append(Sidecar(container, redis_url=redis_url, pod_name=pod_name, log_dir=tmp_path))
+        return started[-1]
+
+    yield _start
+    for process in started:
+        process.stop()
+
+
+@pytest.mark.integration
+def test_rendered_sidecar_answers_its_probes(render: Render, redis_url: str, start_sidecar: Any) -> None:
+    container = sidecar(render(OPTIONAL))
+    lock = {e["name"]: e.get("value") for e in container["env"]}["ELECTOR_LOCK"]
+    client = redis.Redis.from_url(redis_url)
+    seed_used_lock(client, lock)
+    leader = start_sidecar(container, "demo-elector-0")
+    leader.wait_for("/leader", 200)
+    follower = start_sidecar(container, "demo-elector-1")
+    for probe in (container["livenessProbe"], container["readinessProbe"]):
+        path = probe["httpGet"]["path"]
+        assert probe["httpGet"]["port"] == "elector-http" == container["ports"][0]["name"]
+        leader.wait_for(path, 200)
+        follower.wait_for(path, 200)  # /readyz: followers are ready too (rollout-safe)
+    follower.wait_for("/leader", 503)
+    # the identity is $POD_NAME: the lock holds the leader's pod name
+    assert b"demo-elector-0" in (client.get(LockKeys(lock).lease) or b"")
+
+
+@pytest.mark.integration
+def test_gated_readiness_makes_only_the_leader_ready(
+    render: Render, redis_url: str, start_sidecar: Any
+) -> None:
+    container = sidecar(render({**OPTIONAL, "readiness": {"gateOnLeadership": True}}))
+    path = container["readinessProbe"]["httpGet"]["path"]
+    lock = {e["name"]: e.get("value") for e in container["env"]}["ELECTOR_LOCK"]
+    seed_used_lock(redis.Redis.from_url(redis_url), lock)
+    leader = start_sidecar(container, "demo-elector-0")
+    leader.wait_for(path, 200)
+    follower = start_sidecar(container, "demo-elector-1")
+    follower.wait_for("/readyz", 200)
+    assert follower.get(path) == 503  # the trade-off documented in values.yaml and NOTES.txt
+
+
+VALID = [
+    {},
+    {"elector": {"ttl": "1m30s", "renewInterval": "", "requestTimeout": "250ms"}},
+    {"podDisruptionBudget": {"minAvailable": "50%", "maxUnavailable": ""}},
+    {"leaderService": {"targetPort": 9000}},
+    {"workload": {"podAnnotations": {"a": "b"}, "affinity": {"podAntiAffinity": {}}}},
+    {"global": {"imageRegistry": "x"}},
+]
+INVALID = [
+    ({"replicaCount": 3}, "additional properties 'replicaCount'"),
+    ({"workload": {"replicaCount": "3"}}, "/workload/replicaCount"),
+    ({"workload": {"replicas": 3}}, "additional properties 'replicas'"),
+    ({"elector": {"ttl": 10}}, "/elector/ttl"),
+    ({"elector": {"ttl": "ten seconds"}}, "/elector/ttl"),
+    ({"elector": {"logLevel": "verbose"}}, "/elector/logLevel"),
+    ({"elector": {"logFormat": "text"}}, "/elector/logFormat"),
+    ({"elector": {"redis": {"url": "localhost:6379"}}}, "/elector/redis/url"),
+    ({"elector": {"redis": {"password": "hunter2"}}}, "additional properties 'password'"),
+    ({"readiness": {"gateOnLeadership": "yes"}}, "/readiness/gateOnLeadership"),
+    ({"sidecar": {"port": 70000}}, "/sidecar/port"),
+    ({"sidecar": {"livenessProbe": {"periodSeconds": 0}}}, "/sidecar/livenessProbe/periodSeconds"),
+    ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+    ({"image": {"digest": "latest"}}, "/image/digest"),
+    ({"serviceMonitor": {"enabled": "true"}}, "/serviceMonitor/enabled"),
+    ({"dashboard": {"labels": {"grafana_dashboard": 1}}}, "/dashboard/labels/grafana_dashboard"),
+    ({"operator": {"image": "x"}}, "additional properties 'image'"),
+]
+
+
+@pytest.mark.parametrize("values", VALID, ids=lambda v: str(v)[:60])
+def test_schema_accepts(chart: Chart, values: dict[str, Any]) -> None:
+    chart.validate_schema(values)
+
+
+@pytest.mark.parametrize(("values", "message"), INVALID, ids=[m for _, m in INVALID])
+def test_schema_rejects(chart: Chart, values: dict[str, Any], message: str) -> None:
+    with pytest.raises(HelmValuesError, match=re.escape(message)):
+        chart.validate_schema(values)
+
+
+def test_every_value_is_in_the_schema_and_commented(chart_dir: Path, chart: Chart) -> None:
+    schema = json.loads((chart_dir / "values.schema.json").read_text())
+    chart.validate_schema({})  # the defaults pass
+    documented: set[str] = set()  # dotted paths of the chart's own keys (not inside free-form objects)
+
+    def walk(values: dict[str, Any], node: dict[str, Any], path: str) -> None:
+        for key, value in values.items():
+            assert key in node.get("properties", {}), f"{path}{key} is not in values.schema.json"
+            documented.add(f"{path}{key}")
+            child = node["properties"][key]
+            if isinstance(value, dict) and child.get("properties"):
+                walk(value, child, f"{path}{key}.")
+
+    walk(chart.values, schema, "")
+    lines = (chart_dir / "values.yaml").read_text().splitlines()
+    stack: list[tuple[int, str]] = []
+    seen = set()
+    for index, line in enumerate(lines):
+        match = re.match(r"^( *)([A-Za-z_]+):", line)
+        if not match:
+            continue
+        indent = len(match.group(1))
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        stack.append((indent, match.group(2)))
+        path = ".".join(key for _, key in stack)
+        if path in documented:
+            seen.add(path)
+            if path.count(".") >= 2:  # keys of a small block (probe timings) share their parent's comment
+                continue
+            assert lines[index - 1].strip().startswith("#"), f"values.yaml: {path} has no comment above it"
+    assert seen == documented
