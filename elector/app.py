@@ -48,7 +48,7 @@ class Daemon:
             identity=settings.identity,
             timing=settings.timing,
             hooks=ElectionHooks(
-                on_outcome=_fan_out(outcome_logger, self.metrics.observe),
+                on_outcome=_fan_out(outcome_logger, self.metrics.observe, log=self.log),
                 on_stopped_leading=self._on_stopped_leading,
             ),
         )
@@ -137,13 +137,15 @@ class Daemon:
         return self.exit_code
 
 
-def _fan_out(*hooks: Callable[[CycleOutcome], None]) -> Callable[[CycleOutcome], None]:
+def _fan_out(
+    *hooks: Callable[[CycleOutcome], None], log: structlog.stdlib.BoundLogger
+) -> Callable[[CycleOutcome], None]:
     def call_all(outcome: CycleOutcome) -> None:
         for hook in hooks:
             try:
                 hook(outcome)
             except Exception:
-                structlog.get_logger("elector").exception("outcome_hook_failed")
+                log.exception("outcome_hook_failed")
 
     return call_all
 

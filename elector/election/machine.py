@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -286,14 +285,13 @@ class Election:
                     duration_s=received - sent,
                     error=error,
                 )
-            outcome = self._failed(OutcomeKind.RENEW_ERROR, sent=sent, error=error)
             retry_at = min(received + self._timing.retry_delay_s, deadline)
-            return _replace_next(outcome, retry_at)
+            return self._failed(OutcomeKind.RENEW_ERROR, sent=sent, error=error, retry_at=retry_at)
         received = self._clock()
         self._backend_ok(received)
 
         if isinstance(result, Lost):
-            await self._begin_step_down(StepDownReason.LOST, release=False, holder=result.holder)
+            await self._begin_step_down(StepDownReason.LOST, release=False)
             expires_at = None if result.remaining_ms is None else received + result.remaining_ms / 1000
             self._observe_holder(result.holder, expires_at=expires_at)
             return self._stepped_down(
@@ -317,9 +315,7 @@ class Election:
             next_cycle_at=sent + self._timing.renew_interval_s,
         )
 
-    async def _begin_step_down(
-        self, reason: StepDownReason, *, release: bool, holder: Holder | None = None
-    ) -> None:
+    async def _begin_step_down(self, reason: StepDownReason, *, release: bool) -> None:
         """Stop leader work first (the lease is still ours meanwhile), then drop the lease."""
         lease = self._lease
         self._state = State.STEPPING_DOWN
@@ -331,8 +327,6 @@ class Election:
             self._pending_release_reason = reason
         else:
             self._state = State.FOLLOWER
-            if holder is None:
-                self._observe_holder(None, expires_at=None)
 
     def _stepped_down(
         self,
@@ -391,14 +385,18 @@ class Election:
 
     # -- shared helpers ------------------------------------------------------------------------
 
-    def _failed(self, kind: OutcomeKind, *, sent: float, error: str) -> CycleOutcome:
+    def _failed(
+        self, kind: OutcomeKind, *, sent: float, error: str, retry_at: float | None = None
+    ) -> CycleOutcome:
+        """A failed request; retried at `retry_at`, or after an exponential back-off."""
         received = self._clock()
         self._note_failure()
-        # Exponential back-off with jitter, capped so a recovered Redis is noticed quickly.
-        cap = min(self._timing.renew_interval_s, 2.0)
-        base = min(0.1, self._timing.renew_interval_s / 4)
-        delay = min(cap, base * 2 ** min(self._failures_in_a_row - 1, 16))
-        delay *= self._rng.uniform(0.5, 1.0)
+        if retry_at is None:
+            # Exponential back-off with jitter, capped so a recovered Redis is noticed quickly.
+            cap = min(self._timing.renew_interval_s, 2.0)
+            base = min(0.1, self._timing.renew_interval_s / 4)
+            delay = min(cap, base * 2 ** min(self._failures_in_a_row - 1, 16))
+            retry_at = received + delay * self._rng.uniform(0.5, 1.0)
         return CycleOutcome(
             kind=kind,
             state=self._state,
@@ -406,7 +404,7 @@ class Election:
             duration_s=received - sent,
             holder=self._holder,
             error=error,
-            next_cycle_at=received + delay,
+            next_cycle_at=retry_at,
         )
 
     def _note_failure(self) -> None:
@@ -529,7 +527,3 @@ def _describe(exc: BaseException) -> str:
 
 def _ms(seconds: float) -> int:
     return max(0, round(seconds * 1000))
-
-
-def _replace_next(outcome: CycleOutcome, next_cycle_at: float) -> CycleOutcome:
-    return dataclasses.replace(outcome, next_cycle_at=next_cycle_at)
