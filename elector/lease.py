@@ -40,6 +40,34 @@ class Lease:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Candidate:
+    """A registered candidate of a lock: it contends (or leads) and refreshed its entry recently.
+
+    Entries are refreshed by every acquire attempt and every renewal, and lapse after three ttls
+    without one, so a crashed replica drops out by itself.
+    """
+
+    identity: str
+    #: Higher wins: a leader yields to a live candidate with a higher priority (with hysteresis).
+    priority: int
+    #: How long ago (server clock, ms) the candidate last refreshed its entry.
+    last_seen_ms_ago: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Handoff:
+    """A handoff in progress: the lease is being passed from `from_identity` to `to_identity`.
+
+    While it lasts (`remaining_ms`), `from_identity` is never granted the lock, and when
+    `to_identity` is set nobody but that candidate is. `to_identity` None means "anyone else".
+    """
+
+    from_identity: str
+    to_identity: str | None
+    remaining_ms: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Granted:
     """Acquire result: the lock was free and is now ours."""
 
@@ -65,12 +93,27 @@ class QuietPeriod:
     remaining_ms: int
 
 
-AcquireResult = Granted | Held | QuietPeriod
+@dataclasses.dataclass(frozen=True, slots=True)
+class StandBack:
+    """Acquire result: a handoff is in progress and this candidate is not the one it goes to."""
+
+    handoff: Handoff
+
+
+AcquireResult = Granted | Held | QuietPeriod | StandBack
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Renewed:
-    """Renew result: the TTL was replaced; the lease is ours for another ttl from the request."""
+    """Renew result: the TTL was replaced; the lease is ours for another ttl from the request.
+
+    `handoff` is set when someone asked the holder to hand the lease over (the leader drains its
+    work and releases). `best_rival` is the live candidate with the highest priority other than
+    the renewing one (None when there is none), for priority pre-emption.
+    """
+
+    handoff: Handoff | None = None
+    best_rival: Candidate | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -101,6 +144,8 @@ class Observation:
 class LeaseEventKind(enum.StrEnum):
     ACQUIRED = "acquired"
     RELEASED = "released"
+    #: Someone asked the holder to hand the lease over (`elector handoff`); `holder` is the holder.
+    HANDOFF = "handoff"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -151,16 +196,33 @@ class LeaseBackend(Protocol):
     @property
     def lock(self) -> str: ...
 
-    async def acquire(self, identity: str, *, ttl_ms: int) -> AcquireResult:
-        """Grant the lock if free (with a new fencing token), else report holder and PTTL."""
+    async def acquire(self, identity: str, *, ttl_ms: int, priority: int = 0) -> AcquireResult:
+        """Grant the lock if free (with a new fencing token), else report holder and PTTL.
+
+        Also registers (refreshes) `identity` as a candidate with `priority`.
+        """
         ...
 
-    async def renew(self, lease: Lease) -> RenewResult:
-        """Replace the TTL if the lock still holds `lease`; never re-creates a lapsed key."""
+    async def renew(self, lease: Lease, *, priority: int = 0) -> RenewResult:
+        """Replace the TTL if the lock still holds `lease`; never re-creates a lapsed key.
+
+        Also refreshes the holder's candidate entry, and reports a requested handoff and the
+        best live rival.
+        """
         ...
 
-    async def release(self, lease: Lease) -> bool:
-        """Delete the lock if it still holds `lease` and announce it; False if it was not ours."""
+    async def release(
+        self, lease: Lease, *, handoff_to: str | None = None, handoff_window_ms: int = 0
+    ) -> bool:
+        """Delete the lock if it still holds `lease` and announce it; False if it was not ours.
+
+        With `handoff_to`, atomically start a handoff to that candidate lasting
+        `handoff_window_ms`: nobody else is granted the lock meanwhile.
+        """
+        ...
+
+    async def withdraw(self, identity: str) -> None:
+        """Remove `identity`'s candidate entry (a replica shutting down)."""
         ...
 
     async def observe(self) -> Observation:

@@ -4,6 +4,14 @@
     leader --lost / announced lost--> follower                      (nothing to release)
     leader --renew deadline / validity expired--> stepping_down --release--> follower
     leader --stop()--> stepping_down --release--> stopped
+    leader --resign() / handoff asked / higher-priority rival--> stepping_down --release--> follower
+
+Handoffs and priorities: every acquire and renewal also refreshes this candidate's registration
+(identity and priority) in the backend. A renewal reports a requested handoff (the leader then
+stops its work and releases) and the best live rival; a leader yields to a rival with a strictly
+higher priority once that rival has been seen continuously for `preempt_after_s` and the leader
+has led at least that long, releasing *to that rival* so nobody else slips in. Strict priority,
+the dwell time and the targeted handoff together keep leadership from flapping.
 
 Time is an injected monotonic clock (seconds). Validity is counted from the moment a request was
 SENT, never from when its answer came back: Redis starts the TTL somewhere in between, so the
@@ -29,7 +37,9 @@ from elector.election.hooks import ElectionHooks
 from elector.election.outcome import CycleOutcome, ElectionStatus, OutcomeKind, State, StepDownReason
 from elector.election.timing import ElectionTiming
 from elector.lease import (
+    Candidate,
     Granted,
+    Handoff,
     Held,
     Holder,
     Lease,
@@ -39,6 +49,7 @@ from elector.lease import (
     LeaseEventKind,
     Lost,
     QuietPeriod,
+    StandBack,
 )
 
 logger = logging.getLogger(__name__)
@@ -65,6 +76,8 @@ class Election:
         clock: Callable[[], float] | None = None,
         rng: random.Random | None = None,
         subscription_keepalive_s: float | None = None,
+        priority: int = 0,
+        preempt_after_s: float | None = None,
     ) -> None:
         timing.validate()
         self._backend = backend
@@ -75,6 +88,8 @@ class Election:
         self._rng = rng or random.Random()
         # The idle follower's request budget leaves room for one PING per ~6 ttl at most.
         self._keepalive_s = subscription_keepalive_s or max(60.0, 6 * timing.ttl_s)
+        self._priority = priority
+        self._preempt_after_s = timing.ttl_s if preempt_after_s is None else preempt_after_s
 
         self._state = State.FOLLOWER
         self._lease: Lease | None = None
@@ -82,6 +97,11 @@ class Election:
         self._valid_until = 0.0
         self._pending_release: Lease | None = None
         self._pending_release_reason: StepDownReason | None = None
+        self._pending_handoff_to: str | None = None
+        self._led_since = 0.0
+        self._rival_seen_since: float | None = None
+        self._resign_stand_back_s: float | None = None
+        self._contend_not_before = 0.0
 
         self._holder: Holder | None = None
         self._holder_expires_at: float | None = None
@@ -138,10 +158,26 @@ class Election:
 
     # -- control -------------------------------------------------------------------------------
 
+    @property
+    def priority(self) -> int:
+        return self._priority
+
     def stop(self) -> None:
         """Ask the election to finish: a leader stops its work and releases; a follower exits."""
         self._stop_requested = True
         self._wakeup.set()
+
+    def resign(self, *, stand_back_s: float) -> None:
+        """Give leadership up: stop leader work, release, and not contend for `stand_back_s`.
+
+        A no-op for a follower (it does not stand back either). The step-down is reported with
+        `StepDownReason.RESIGNED` when the release completes.
+        """
+        if stand_back_s < 0:
+            raise ValueError(f"stand_back_s must not be negative, got {stand_back_s}")
+        if self._state is State.LEADER:
+            self._resign_stand_back_s = stand_back_s
+            self._wakeup.set()
 
     async def run(self) -> None:
         """Contend, lead and step down until `stop()`; returns after releasing a held lease."""
@@ -159,7 +195,13 @@ class Election:
                     if self._state is State.LEADER:
                         await self._begin_step_down(StepDownReason.SHUTDOWN, release=True)
                     if self._pending_release is None:
+                        await self._withdraw()
                         break
+                elif self._resign_stand_back_s is not None:
+                    stand_back_s, self._resign_stand_back_s = self._resign_stand_back_s, None
+                    if self._state is State.LEADER:
+                        await self._begin_step_down(StepDownReason.RESIGNED, release=True)
+                        self._contend_not_before = self._clock() + stand_back_s
                 outcome = await self.step()
                 if outcome.next_cycle_at is None:
                     continue
@@ -179,6 +221,14 @@ class Election:
                 )
             self._state = State.STOPPED
 
+    async def _withdraw(self) -> None:
+        """Drop our candidate entry so status and handoffs stop listing us (best effort)."""
+        try:
+            async with asyncio.timeout(self._timing.request_timeout_s):
+                await self._backend.withdraw(self._identity)
+        except (LeaseBackendError, TimeoutError) as exc:
+            logger.debug("could not withdraw the candidate entry: %s", _describe(exc))
+
     async def step(self) -> CycleOutcome:
         """Run one cycle in the current state and return what it did."""
         self._last_attempt_at = self._clock()
@@ -197,10 +247,22 @@ class Election:
 
     async def _follower_cycle(self) -> CycleOutcome:
         sent = self._clock()
+        if sent < self._contend_not_before:
+            # We resigned a moment ago: let the others have it (no request is sent).
+            return CycleOutcome(
+                kind=OutcomeKind.STAND_BACK,
+                state=self._state,
+                at=sent,
+                holder=self._holder,
+                remaining_ms=_ms(self._contend_not_before - sent),
+                next_cycle_at=self._contend_not_before,
+            )
         self._cycle_due_by = sent + self._timing.request_timeout_s
         try:
             async with asyncio.timeout(self._timing.request_timeout_s):
-                result = await self._backend.acquire(self._identity, ttl_ms=self._timing.ttl_ms)
+                result = await self._backend.acquire(
+                    self._identity, ttl_ms=self._timing.ttl_ms, priority=self._priority
+                )
         except (LeaseBackendError, TimeoutError) as exc:
             return self._failed(OutcomeKind.ACQUIRE_ERROR, sent=sent, error=_describe(exc))
         received = self._clock()
@@ -212,6 +274,8 @@ class Election:
             self._last_renew_sent_at = sent
             self._valid_until = sent + self._timing.validity_s
             self._state = State.LEADER
+            self._led_since = sent
+            self._rival_seen_since = None
             self._observe_holder(lease.holder, expires_at=sent + self._timing.ttl_s)
             await self._call_hook("on_started_leading", self._hooks.on_started_leading(lease))
             return CycleOutcome(
@@ -240,6 +304,20 @@ class Election:
                 holder=result.holder,
                 remaining_ms=result.remaining_ms,
                 next_cycle_at=wake,
+            )
+
+        if isinstance(result, StandBack):
+            # A handoff to someone else is under way. Its target takes the lease on the release
+            # announcement; we look again when the window ends or the lease changes hands.
+            handoff: Handoff = result.handoff
+            return CycleOutcome(
+                kind=OutcomeKind.STAND_BACK,
+                state=self._state,
+                at=sent,
+                duration_s=received - sent,
+                holder=self._holder,
+                remaining_ms=handoff.remaining_ms,
+                next_cycle_at=min(cap, sent + max(handoff.remaining_ms, 1) / 1000 + self._jitter()),
             )
 
         assert isinstance(result, QuietPeriod)
@@ -271,7 +349,7 @@ class Election:
         self._cycle_due_by = sent + self._timing.request_timeout_s
         try:
             async with asyncio.timeout(min(self._timing.request_timeout_s, deadline - sent)):
-                result = await self._backend.renew(self._lease)
+                result = await self._backend.renew(self._lease, priority=self._priority)
         except (LeaseBackendError, TimeoutError) as exc:
             received = self._clock()
             error = _describe(exc)
@@ -305,6 +383,15 @@ class Election:
         self._last_renew_sent_at = sent
         self._valid_until = sent + self._timing.validity_s
         self._holder_expires_at = sent + self._timing.ttl_s
+        yield_reason = self._should_yield(result.handoff, result.best_rival, now=sent)
+        if yield_reason is not None:
+            await self._begin_step_down(yield_reason, release=True)
+            return self._stepped_down(
+                OutcomeKind.STEPPED_DOWN,
+                yield_reason,
+                at=sent,
+                duration_s=received - sent,
+            )
         return CycleOutcome(
             kind=OutcomeKind.RENEWED,
             state=self._state,
@@ -314,6 +401,27 @@ class Election:
             remaining_ms=_ms(self._valid_until - received),
             next_cycle_at=sent + self._timing.renew_interval_s,
         )
+
+    def _should_yield(
+        self, handoff: Handoff | None, rival: Candidate | None, *, now: float
+    ) -> StepDownReason | None:
+        """Whether a successful renewal should end our term: a handoff asked, or a better rival."""
+        self._pending_handoff_to = None
+        if handoff is not None and handoff.from_identity == self._identity:
+            # Re-armed at the release for a named target, so that a long drain cannot outlast
+            # the requested window and let a third candidate in.
+            self._pending_handoff_to = handoff.to_identity
+            return StepDownReason.HANDOFF
+        if rival is None or rival.priority <= self._priority:
+            self._rival_seen_since = None
+            return None
+        if self._rival_seen_since is None:
+            self._rival_seen_since = now
+        settled = now - self._rival_seen_since >= self._preempt_after_s
+        if settled and now - self._led_since >= self._preempt_after_s:
+            self._pending_handoff_to = rival.identity
+            return StepDownReason.PREEMPTED
+        return None
 
     async def _begin_step_down(self, reason: StepDownReason, *, release: bool) -> None:
         """Stop leader work first (the lease is still ours meanwhile), then drop the lease."""
@@ -352,6 +460,7 @@ class Election:
 
     async def _release_cycle(self) -> CycleOutcome:
         lease, reason = self._pending_release, self._pending_release_reason
+        handoff_to, self._pending_handoff_to = self._pending_handoff_to, None
         assert lease is not None
         self._pending_release = None
         self._pending_release_reason = None
@@ -361,7 +470,14 @@ class Election:
         error = None
         try:
             async with asyncio.timeout(self._timing.request_timeout_s):
-                released = await self._backend.release(lease)
+                if handoff_to is None:
+                    released = await self._backend.release(lease)
+                else:
+                    # Everyone but the rival stands back for a ttl: it is awake (it just
+                    # refreshed its entry) and takes the lease on the release announcement.
+                    released = await self._backend.release(
+                        lease, handoff_to=handoff_to, handoff_window_ms=self._timing.ttl_ms
+                    )
             self._backend_ok(self._clock())
             if not released:
                 kind, error = OutcomeKind.RELEASE_FAILED, "the lease was no longer ours"
@@ -377,8 +493,8 @@ class Election:
             at=sent,
             duration_s=received - sent,
             holder=lease.holder,
-            # A shutdown's step-down is reported here, where it completes.
-            step_down_reason=reason if reason is StepDownReason.SHUTDOWN else None,
+            # A requested step-down (shutdown, resign) is reported here, where it completes.
+            step_down_reason=reason if reason in _REQUESTED_STEP_DOWNS else None,
             error=error,
             next_cycle_at=None if reason is StepDownReason.SHUTDOWN else received,
         )
@@ -445,7 +561,7 @@ class Election:
 
     async def _sleep_until(self, when: float) -> None:
         """Sleep until `when`, a stop request, or an announcement that calls for a cycle now."""
-        while not self._stop_requested:
+        while not self._stop_requested and self._resign_stand_back_s is None:
             if self._handle_announcements():
                 earliest = (self._last_attempt_at or 0.0) + MIN_ATTEMPT_SPACING_S
                 when = min(when, max(earliest, self._clock()))
@@ -469,7 +585,11 @@ class Election:
         while self._events:
             event = self._events.popleft()
             if self._state is State.LEADER and self._lease is not None:
-                if event.kind is LeaseEventKind.ACQUIRED and (
+                if event.kind is LeaseEventKind.HANDOFF and event.holder == self._lease.holder:
+                    # Asked to hand over: the renewal reads the request from Redis (a message
+                    # alone is not trusted) and steps down if it is real.
+                    run_now = True
+                elif event.kind is LeaseEventKind.ACQUIRED and (
                     event.holder.fencing_token > self._lease.fencing_token
                 ):
                     # A later grant means our key is gone. Announcements can be late or forged
@@ -480,6 +600,8 @@ class Election:
                     if self._holder is None or event.holder.fencing_token >= self._holder.fencing_token:
                         self._observe_holder(None, expires_at=None)
                     run_now = True
+                elif event.kind is LeaseEventKind.HANDOFF:
+                    continue
                 elif self._holder is None or event.holder.fencing_token > self._holder.fencing_token:
                     self._observe_holder(event.holder, expires_at=self._holder_expires_at)
         return run_now
@@ -517,6 +639,10 @@ class Election:
             finally:
                 await subscription.close()
             await asyncio.sleep(min(30.0, 0.2 * 2 ** min(failures, 8)) * self._rng.uniform(0.5, 1))
+
+
+#: Step-downs asked for from outside a cycle; their outcome is the release that completes them.
+_REQUESTED_STEP_DOWNS = frozenset({StepDownReason.SHUTDOWN, StepDownReason.RESIGNED})
 
 
 def _describe(exc: BaseException) -> str:

@@ -28,6 +28,12 @@ class StepDownReason(enum.StrEnum):
     LEASE_EXPIRED = "lease_expired"
     #: The daemon is stopping; the lease is released.
     SHUTDOWN = "shutdown"
+    #: The program gave leadership up (`Election.resign`, a leader child that exited); released.
+    RESIGNED = "resigned"
+    #: Someone asked for a handoff (`elector handoff`); released to the named candidate or anyone.
+    HANDOFF = "handoff"
+    #: A live candidate with a higher priority was seen long enough; released to it.
+    PREEMPTED = "preempted"
 
 
 class OutcomeKind(enum.StrEnum):
@@ -37,6 +43,7 @@ class OutcomeKind(enum.StrEnum):
     ACQUIRED = "acquired"  # follower -> leader
     HELD = "held"  # someone else holds the lock
     QUIET_PERIOD = "quiet_period"  # the backend refuses grants after a data loss
+    STAND_BACK = "stand_back"  # a handoff to another candidate is in progress, or we resigned
     ACQUIRE_ERROR = "acquire_error"  # the attempt failed (Redis unreachable, timeout, bad data)
     RENEWED = "renewed"
     RENEW_LOST = "renew_lost"  # the renewal found the key gone or foreign: stepped down at once

@@ -15,7 +15,9 @@ import itertools
 from elector.lease import (
     AcquireResult,
     BackendErrorKind,
+    Candidate,
     Granted,
+    Handoff,
     Held,
     Holder,
     Lease,
@@ -27,6 +29,7 @@ from elector.lease import (
     QuietPeriod,
     Renewed,
     RenewResult,
+    StandBack,
 )
 
 
@@ -62,6 +65,32 @@ class FakeStore:
         self.quiet_until = 0.0
         self.subscriptions: set[FakeSubscription] = set()
         self._tokens = itertools.count(1)
+        #: identity -> (priority, expires_at); entries lapse after 3 ttl, as in Redis.
+        self.candidates: dict[str, tuple[int, float]] = {}
+        #: (from, to, until) of a handoff in progress.
+        self.handoff: tuple[str, str | None, float] | None = None
+
+    def register(self, identity: str, *, priority: int, ttl_ms: int) -> None:
+        self.candidates[identity] = (priority, self.now + 3 * ttl_ms / 1000)
+
+    def live_candidates(self) -> dict[str, int]:
+        return {name: prio for name, (prio, until) in self.candidates.items() if until > self.now}
+
+    def current_handoff(self) -> Handoff | None:
+        if self.handoff is None or self.handoff[2] <= self.now:
+            self.handoff = None
+            return None
+        source, target, until = self.handoff
+        return Handoff(
+            from_identity=source, to_identity=target, remaining_ms=round((until - self.now) * 1000)
+        )
+
+    def request_handoff(self, *, to: str | None, window_s: float) -> None:
+        """What `elector handoff` does: mark the handoff and announce it to the holder."""
+        current = self.current()
+        assert current is not None
+        self.handoff = (current.holder.identity, to, self.now + window_s)
+        self.publish(LeaseEventKind.HANDOFF, current.holder)
 
     @property
     def now(self) -> float:
@@ -103,14 +132,20 @@ class FakeBackend:
         if self.fail_with is not None:
             raise self.fail_with
 
-    async def acquire(self, identity: str, *, ttl_ms: int) -> AcquireResult:
+    async def acquire(self, identity: str, *, ttl_ms: int, priority: int = 0) -> AcquireResult:
         await self._request("acquire")
         store = self.store
+        store.register(identity, priority=priority, ttl_ms=ttl_ms)
         current = store.current()
         if current is not None:
             return Held(holder=current.holder, remaining_ms=round((current.expires_at - store.now) * 1000))
         if store.quiet_until > store.now:
             return QuietPeriod(remaining_ms=round((store.quiet_until - store.now) * 1000))
+        handoff = store.current_handoff()
+        if handoff is not None:
+            if identity == handoff.from_identity or handoff.to_identity not in (None, identity):
+                return StandBack(handoff=handoff)
+            store.handoff = None
         store.counter += 1
         value = f"{identity}/{next(store._tokens)}"
         lease = Lease(
@@ -120,8 +155,9 @@ class FakeBackend:
         store.publish(LeaseEventKind.ACQUIRED, lease.holder)
         return Granted(lease=lease)
 
-    async def renew(self, lease: Lease) -> RenewResult:
+    async def renew(self, lease: Lease, *, priority: int = 0) -> RenewResult:
         await self._request("renew")
+        self.store.register(lease.identity, priority=priority, ttl_ms=lease.ttl_ms)
         current = self.store.current()
         if current is None or current.value != lease.value:
             if current is None:
@@ -130,16 +166,32 @@ class FakeBackend:
                 holder=current.holder, remaining_ms=round((current.expires_at - self.store.now) * 1000)
             )
         current.expires_at = self.store.now + lease.ttl_ms / 1000
-        return Renewed()
+        handoff = self.store.current_handoff()
+        if handoff is not None and handoff.from_identity != lease.identity:
+            handoff = None
+        rivals = {k: v for k, v in self.store.live_candidates().items() if k != lease.identity}
+        best = max(rivals.items(), key=lambda item: (item[1], item[0]), default=None)
+        rival = None
+        if best is not None:
+            rival = Candidate(identity=best[0], priority=best[1], last_seen_ms_ago=0)
+        return Renewed(handoff=handoff, best_rival=rival)
 
-    async def release(self, lease: Lease) -> bool:
+    async def release(
+        self, lease: Lease, *, handoff_to: str | None = None, handoff_window_ms: int = 0
+    ) -> bool:
         await self._request("release")
         current = self.store.current()
         if current is None or current.value != lease.value:
             return False
         self.store.lease = None
+        if handoff_to is not None:
+            self.store.handoff = (lease.identity, handoff_to, self.store.now + handoff_window_ms / 1000)
         self.store.publish(LeaseEventKind.RELEASED, lease.holder)
         return True
+
+    async def withdraw(self, identity: str) -> None:
+        await self._request("withdraw")
+        self.store.candidates.pop(identity, None)
 
     async def observe(self) -> Observation:
         await self._request("observe")
