@@ -1,9 +1,19 @@
-"""`elector status`: who holds a lock, read without contending."""
+"""`elector status`: who holds a lock and who contends for it, read without contending.
+
+`--watch` follows the lock live: one line per transition, from the lock's announcements
+(acquired, released, handoff requested) and from a look every WATCH_POLL_S, which also catches
+what announcements miss (an expired lease, a lost message, candidates joining or leaving).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime
 import json
+import signal
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from elector.backend import (
@@ -13,7 +23,10 @@ from elector.backend import (
     make_client,
     redact_url,
 )
-from elector.lease import LeaseBackendError, Observation
+from elector.lease import Candidate, Holder, LeaseBackendError, LeaseEvent, LeaseEventKind, Observation
+
+#: How often `--watch` looks at the lock itself, besides listening to its announcements.
+WATCH_POLL_S = 1.0
 
 
 class StatusError(Exception):
@@ -24,16 +37,26 @@ class StatusError(Exception):
         self.usage = usage
 
 
-async def observe(settings: RedisSettings, *, lock: str) -> Observation:
+async def observe(settings: RedisSettings, *, lock: str) -> tuple[Observation, list[Candidate]]:
     client = make_client(settings, client_name=f"elector:{lock}:status")
     try:
         backend = RedisLeaseBackend(client, lock=lock, key_prefix=settings.key_prefix)
-        return await backend.observe()
+        return await backend.observe(), await backend.candidates()
     finally:
         await client.aclose()
 
 
-def status_document(observation: Observation, *, lock: str) -> dict[str, object]:
+def candidate_document(candidate: Candidate) -> dict[str, object]:
+    return {
+        "identity": candidate.identity,
+        "priority": candidate.priority,
+        "last_seen_ms_ago": candidate.last_seen_ms_ago,
+    }
+
+
+def status_document(
+    observation: Observation, *, lock: str, candidates: Sequence[Candidate] = ()
+) -> dict[str, object]:
     holder = observation.holder
     return {
         "lock": lock,
@@ -44,6 +67,7 @@ def status_document(observation: Observation, *, lock: str) -> dict[str, object]
         "unrecognised_value": observation.unrecognised_value,
         "last_fencing_token": observation.last_fencing_token,
         "quiet_period_remaining_ms": observation.quiet_remaining_ms,
+        "candidates": [candidate_document(c) for c in candidates],
     }
 
 
@@ -52,17 +76,23 @@ def _printable(text: str) -> str:
     return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
-def format_status(observation: Observation, *, lock: str) -> str:
+def _headline(observation: Observation, *, lock: str) -> str:
     holder = observation.holder
     remaining = observation.remaining_ms
     expiry = "no expiry" if remaining is None else f"expires in {remaining / 1000:.3f}s unless renewed"
     if holder is not None:
-        who = f"{_printable(holder.identity)} (fencing token {holder.fencing_token})"
-        lines = [f"lock {lock}: held by {who}, {expiry}"]
-    elif observation.unrecognised_value:
-        lines = [f"lock {lock}: held by a value elector did not write ({expiry})"]
-    else:
-        lines = [f"lock {lock}: free"]
+        return f"lock {lock}: held by {_who(holder)}, {expiry}"
+    if observation.unrecognised_value:
+        return f"lock {lock}: held by a value elector did not write ({expiry})"
+    return f"lock {lock}: free"
+
+
+def _who(holder: Holder) -> str:
+    return f"{_printable(holder.identity)} (fencing token {holder.fencing_token})"
+
+
+def format_status(observation: Observation, *, lock: str, candidates: Sequence[Candidate] = ()) -> str:
+    lines = [_headline(observation, lock=lock)]
     if observation.quiet_remaining_ms:
         lines.append(
             f"  quiet period: no grants for {observation.quiet_remaining_ms / 1000:.3f}s "
@@ -75,12 +105,20 @@ def format_status(observation: Observation, *, lock: str) -> str:
         else f"{last} (the next grant gets more)"
     )
     lines.append(f"  fencing counter: {counter}")
+    if not candidates:
+        lines.append("  candidates: none registered")
+    else:
+        lines.append(f"  candidates ({len(candidates)}, highest priority first):")
+        width = max(len(_printable(c.identity)) for c in candidates)
+        lines.extend(
+            f"    {_printable(c.identity):<{width}}  priority {c.priority:<4}  "
+            f"last seen {c.last_seen_ms_ago / 1000:.1f}s ago"
+            for c in candidates
+        )
     return "\n".join(lines)
 
 
-def read_status(
-    redis_url: str, *, password_file: Path | None, lock: str, timeout_s: float, as_json: bool
-) -> str:
+def _settings(redis_url: str, *, password_file: Path | None, timeout_s: float) -> RedisSettings:
     settings = RedisSettings(url=redis_url, password_file=password_file, request_timeout_s=timeout_s)
     try:
         settings.validate()
@@ -89,10 +127,179 @@ def read_status(
             exc.setting, "--redis-url"
         )
         raise StatusError(f"invalid setting {flag}: {exc}", usage=True) from None
+    return settings
+
+
+def read_status(
+    redis_url: str, *, password_file: Path | None, lock: str, timeout_s: float, as_json: bool
+) -> str:
+    settings = _settings(redis_url, password_file=password_file, timeout_s=timeout_s)
     try:
-        observation = asyncio.run(observe(settings, lock=lock))
+        observation, candidates = asyncio.run(observe(settings, lock=lock))
     except LeaseBackendError as exc:
         raise StatusError(f"{redact_url(redis_url)}: {exc}") from None
     if as_json:
-        return json.dumps(status_document(observation, lock=lock))
-    return format_status(observation, lock=lock)
+        return json.dumps(status_document(observation, lock=lock, candidates=candidates))
+    return format_status(observation, lock=lock, candidates=candidates)
+
+
+# -- --watch -------------------------------------------------------------------------------------
+
+
+class _Watcher:
+    """Turns announcements and periodic looks into one line per transition (text or JSON)."""
+
+    def __init__(self, *, lock: str, as_json: bool, emit: Callable[[str], None]) -> None:
+        self._lock = lock
+        self._as_json = as_json
+        self._emit = emit
+        self._holder: Holder | None = None
+        self._unrecognised = False
+        self._priorities: dict[str, int] = {}
+        self._failing = False
+
+    def _line(self, event: str, text: str, **fields: object) -> None:
+        now = datetime.datetime.now().astimezone()
+        if self._as_json:
+            document = {"at": now.isoformat(timespec="milliseconds"), "lock": self._lock, "event": event}
+            self._emit(json.dumps({**document, **fields}))
+        else:
+            self._emit(f"{now:%H:%M:%S}.{now.microsecond // 1000:03d} {text}")
+
+    def _holder_fields(self, holder: Holder | None) -> dict[str, object]:
+        return {
+            "holder": None if holder is None else holder.identity,
+            "fencing_token": None if holder is None else holder.fencing_token,
+        }
+
+    def start(self, observation: Observation, candidates: Sequence[Candidate]) -> None:
+        self._holder, self._unrecognised = observation.holder, observation.unrecognised_value
+        self._priorities = {c.identity: c.priority for c in candidates}
+        listed = ", ".join(f"{_printable(c.identity)} ({c.priority})" for c in candidates) or "none"
+        document = status_document(observation, lock=self._lock, candidates=candidates)
+        del document["lock"]
+        self._line("state", f"{_headline(observation, lock=self._lock)}; candidates: {listed}", **document)
+
+    def announced(self, event: LeaseEvent) -> None:
+        holder = event.holder
+        fields = {**self._holder_fields(holder), "source": "announcement"}
+        if event.kind is LeaseEventKind.HANDOFF:
+            self._line("handoff", f"handoff requested: {_who(holder)} is asked to hand over", **fields)
+        elif event.kind is LeaseEventKind.ACQUIRED:
+            if self._holder is None or holder.fencing_token > self._holder.fencing_token:
+                self._holder, self._unrecognised = holder, False
+                self._line("acquired", f"acquired by {_who(holder)}", **fields)
+        elif event.kind is LeaseEventKind.RELEASED and self._holder == holder:
+            self._holder = None
+            self._line("released", f"released by {_who(holder)}", **fields)
+
+    def polled(self, observation: Observation, candidates: Sequence[Candidate]) -> None:
+        if self._failing:
+            self._failing = False
+            self._line("recovered", "Redis answers again")
+        holder, unrecognised = observation.holder, observation.unrecognised_value
+        if (holder, unrecognised) != (self._holder, self._unrecognised):
+            previous = self._holder
+            self._holder, self._unrecognised = holder, unrecognised
+            fields = {**self._holder_fields(holder), "source": "poll"}
+            if holder is not None:
+                self._line("holder", f"now held by {_who(holder)}", **fields)
+            elif unrecognised:
+                self._line("holder", "now held by a value elector did not write", **fields)
+            else:
+                ended = "" if previous is None else f" ({_printable(previous.identity)}'s lease ended)"
+                self._line("holder", f"now free{ended}", **fields)
+        self._candidates_changed({c.identity: c.priority for c in candidates})
+
+    def _candidates_changed(self, now: dict[str, int]) -> None:
+        before, self._priorities = self._priorities, now
+        for name in sorted(now.keys() - before.keys()):
+            text = f"candidate joined: {_printable(name)} (priority {now[name]})"
+            self._line("candidate_joined", text, candidate=name, priority=now[name])
+        for name in sorted(before.keys() - now.keys()):
+            self._line("candidate_left", f"candidate left: {_printable(name)}", candidate=name)
+        for name in sorted(now.keys() & before.keys()):
+            if now[name] != before[name]:
+                text = f"candidate {_printable(name)}: priority {before[name]} -> {now[name]}"
+                self._line("candidate_priority", text, candidate=name, priority=now[name])
+
+    def failed(self, exc: LeaseBackendError) -> None:
+        if not self._failing:
+            self._failing = True
+            self._line("error", f"error: {exc} (still watching)", error=str(exc))
+
+
+async def _look(backend: RedisLeaseBackend) -> tuple[Observation, list[Candidate]]:
+    return await backend.observe(), await backend.candidates()
+
+
+async def watch(settings: RedisSettings, *, lock: str, as_json: bool, emit: Callable[[str], None]) -> None:
+    """Follow the lock until cancelled. The first look's error is raised; later ones are shown."""
+    client = make_client(settings, client_name=f"elector:{lock}:status-watch")
+    subscription = None
+    try:
+        backend = RedisLeaseBackend(client, lock=lock, key_prefix=settings.key_prefix)
+        watcher = _Watcher(lock=lock, as_json=as_json, emit=emit)
+        watcher.start(*await _look(backend))
+        next_look = time.monotonic() + WATCH_POLL_S
+        while True:
+            if subscription is None:
+                try:
+                    subscription = await backend.subscribe(keepalive_s=30.0)
+                except LeaseBackendError as exc:
+                    watcher.failed(exc)  # the periodic look still catches every change
+            wait_s = max(0.0, next_look - time.monotonic())
+            if subscription is None:
+                await asyncio.sleep(wait_s)
+            else:
+                try:
+                    event = await subscription.next_event(wait_s)
+                except LeaseBackendError as exc:
+                    watcher.failed(exc)
+                    await subscription.close()
+                    subscription = None
+                else:
+                    if event is not None:
+                        watcher.announced(event)
+            if time.monotonic() >= next_look:
+                next_look = time.monotonic() + WATCH_POLL_S
+                try:
+                    watcher.polled(*await _look(backend))
+                except LeaseBackendError as exc:
+                    watcher.failed(exc)
+    finally:
+        if subscription is not None:
+            await subscription.close()
+        await client.aclose()
+
+
+def watch_status(
+    redis_url: str,
+    *,
+    password_file: Path | None,
+    lock: str,
+    timeout_s: float,
+    as_json: bool,
+    emit: Callable[[str], None],
+) -> None:
+    """`status --watch`: returns on SIGINT or SIGTERM; raises StatusError if the first look fails."""
+    settings = _settings(redis_url, password_file=password_file, timeout_s=timeout_s)
+
+    async def until_signalled() -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        watching = asyncio.create_task(watch(settings, lock=lock, as_json=as_json, emit=emit))
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait({watching, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not watching.done():
+            watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching  # re-raises the first look's error
+
+    try:
+        asyncio.run(until_signalled())
+    except LeaseBackendError as exc:
+        raise StatusError(f"{redact_url(redis_url)}: {exc}") from None

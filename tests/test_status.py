@@ -9,12 +9,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import queue
+import re
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import redis
@@ -26,6 +31,8 @@ from elector.lease import AcquireResult, Granted, Lease, QuietPeriod
 from elector.redis_server import free_tcp_port
 from tests.support.seed import seed_used_lock
 
+T = TypeVar("T")
+
 SECRET = "hunter2-not-for-output"
 JSON_KEYS = {
     "lock",
@@ -36,6 +43,7 @@ JSON_KEYS = {
     "unrecognised_value",
     "last_fencing_token",
     "quiet_period_remaining_ms",
+    "candidates",
 }
 
 
@@ -69,11 +77,13 @@ def status_json(url: str, lock: str) -> dict[str, object]:
     return document
 
 
-def acquire(url: str, lock: str, identity: str, *, ttl_ms: int) -> AcquireResult:
+def acquire(url: str, lock: str, identity: str, *, ttl_ms: int, priority: int = 0) -> AcquireResult:
     async def go() -> AcquireResult:
         client = make_client(RedisSettings(url=url))
         try:
-            return await RedisLeaseBackend(client, lock=lock).acquire(identity, ttl_ms=ttl_ms)
+            return await RedisLeaseBackend(client, lock=lock).acquire(
+                identity, ttl_ms=ttl_ms, priority=priority
+            )
         finally:
             await client.aclose()
 
@@ -94,6 +104,7 @@ def test_free_lock(redis_url: str) -> None:
     assert result.stdout.splitlines()[0] == "lock orders: free"
     assert "fencing counter: missing (a new lock, or Redis lost its data)" in result.stdout
     assert "quiet period" not in result.stdout
+    assert "  candidates: none registered" in result.stdout
     assert status_json(redis_url, "orders") == {
         "lock": "orders",
         "held": False,
@@ -103,6 +114,7 @@ def test_free_lock(redis_url: str) -> None:
         "unrecognised_value": False,
         "last_fencing_token": None,
         "quiet_period_remaining_ms": 0,
+        "candidates": [],
     }
 
 
@@ -323,3 +335,151 @@ def test_url_query_cannot_lengthen_the_timeout(silent_port: int) -> None:
     result = status(f"redis://127.0.0.1:{silent_port}/0?socket_timeout=3", "orders", "--timeout", "500ms")
     assert result.exit_code in (1, 2)
     assert time.monotonic() - started < 2
+
+
+# -- candidates and --watch ----------------------------------------------------------------------
+
+
+def test_registered_candidates_are_listed(redis_url: str, plain: redis.Redis) -> None:
+    grant(redis_url, plain, "orders", "pod-a")  # an acquire attempt registers the candidate ...
+    acquire(redis_url, "orders", "pod-b", ttl_ms=30_000, priority=7)  # ... a failed one too
+    acquire(redis_url, "orders", "pod-c", ttl_ms=30_000, priority=-1)
+    result = status(redis_url, "orders")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    start = lines.index("  candidates (3, highest priority first):")
+    listed = lines[start + 1 : start + 4]
+    assert [line.split()[0] for line in listed] == ["pod-b", "pod-a", "pod-c"]
+    assert "priority 7" in listed[0] and "priority 0" in listed[1] and "priority -1" in listed[2]
+    assert all(line.endswith("s ago") and "last seen 0." in line for line in listed)
+
+    candidates = status_json(redis_url, "orders")["candidates"]
+    assert isinstance(candidates, list)
+    assert [(c["identity"], c["priority"]) for c in candidates] == [("pod-b", 7), ("pod-a", 0), ("pod-c", -1)]
+    assert all(set(c) == {"identity", "priority", "last_seen_ms_ago"} for c in candidates)
+    assert all(0 <= c["last_seen_ms_ago"] < 2000 for c in candidates)
+
+
+def test_lapsed_candidates_are_not_listed(redis_url: str, plain: redis.Redis) -> None:
+    seed_used_lock(plain, "orders")
+    acquire(redis_url, "orders", "pod-a", ttl_ms=100)  # lapses after 3 ttl
+    assert [c["identity"] for c in status_json(redis_url, "orders")["candidates"]] == ["pod-a"]
+    time.sleep(0.35)
+    assert status_json(redis_url, "orders")["candidates"] == []
+
+
+class Watch:
+    """`elector status --watch` as a child process, its stdout read line by line."""
+
+    def __init__(self, url: str, lock: str, *extra: str) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ELECTOR_")}
+        command = [sys.executable, "-m", "elector", "status", "--watch", "--redis-url", url, "--lock", lock]
+        self.process = subprocess.Popen(
+            [*command, *extra],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**env, "PYTHONUNBUFFERED": "1"},
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line.rstrip("\n"))
+
+    def expect(self, fragment: str, *, timeout_s: float = 5.0) -> str:
+        """The next line containing `fragment` (lines before it are kept in `seen`)."""
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                break
+            self.seen.append(line)
+            if fragment in line:
+                return line
+        raise AssertionError(f"no line with {fragment!r} in {timeout_s}s; seen: {self.seen}")
+
+    def interrupt(self, signum: signal.Signals = signal.SIGINT) -> int:
+        self.process.send_signal(signum)
+        return self.process.wait(timeout=5)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def watches() -> Iterator[list[Watch]]:
+    started: list[Watch] = []
+    yield started
+    for watch in started:
+        watch.stop()
+
+
+def backend_call(url: str, lock: str, call: Callable[[RedisLeaseBackend], Awaitable[T]]) -> T:
+    async def go() -> T:
+        client = make_client(RedisSettings(url=url))
+        try:
+            return await call(RedisLeaseBackend(client, lock=lock))
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
+
+
+def test_watch_prints_one_line_per_transition_until_interrupted(
+    redis_url: str, plain: redis.Redis, watches: list[Watch]
+) -> None:
+    seed_used_lock(plain, "orders")
+    watch = Watch(redis_url, "orders")
+    watches.append(watch)
+    first = watch.expect("lock orders: free; candidates: none")
+    assert re.match(r"^\d\d:\d\d:\d\d\.\d{3} ", first)
+    lease = grant(redis_url, plain, "orders", "pod-a", ttl_ms=30_000)
+    watch.expect(f"acquired by pod-a (fencing token {lease.fencing_token})", timeout_s=2)
+    watch.expect("candidate joined: pod-a (priority 0)", timeout_s=3)
+    acquire(redis_url, "orders", "pod-b", ttl_ms=30_000, priority=5)
+    watch.expect("candidate joined: pod-b (priority 5)", timeout_s=3)
+    backend_call(redis_url, "orders", lambda b: b.request_handoff(to="pod-b", window_ms=5000))
+    watch.expect(f"handoff requested: pod-a (fencing token {lease.fencing_token}) is asked to hand over")
+    backend_call(redis_url, "orders", lambda b: b.release(lease, handoff_to="pod-b", handoff_window_ms=5000))
+    watch.expect(f"released by pod-a (fencing token {lease.fencing_token})", timeout_s=2)
+    taken = acquire(redis_url, "orders", "pod-b", ttl_ms=600, priority=5)
+    assert isinstance(taken, Granted)
+    watch.expect(f"acquired by pod-b (fencing token {taken.lease.fencing_token})", timeout_s=2)
+    # An expiry is announced by nobody: the periodic look finds it.
+    watch.expect("now free (pod-b's lease ended)", timeout_s=3)
+    backend_call(redis_url, "orders", lambda b: b.withdraw("pod-a"))
+    watch.expect("candidate left: pod-a", timeout_s=3)
+    transitions = [line for line in watch.seen if "acquired by" in line or "released by" in line]
+    assert len(transitions) == 3  # each transition once, although both sources may see it
+    assert watch.interrupt() == 0
+
+
+def test_watch_catches_changes_without_announcements(
+    redis_url: str, plain: redis.Redis, watches: list[Watch]
+) -> None:
+    watch = Watch(redis_url, "orders", "--json")
+    watches.append(watch)
+    state = json.loads(watch.expect('"event": "state"'))
+    assert state["lock"] == "orders" and state["held"] is False and state["candidates"] == []
+    # Written behind elector's back: no announcement, only the periodic look sees it.
+    plain.set("elector:{orders}:lease", '{"identity":"pod-x","fencing_token":9,"token":"t"}', px=30_000)
+    holder = json.loads(watch.expect('"event": "holder"', timeout_s=3))
+    assert (holder["holder"], holder["fencing_token"], holder["source"]) == ("pod-x", 9, "poll")
+    assert holder["at"].startswith(str(time.localtime().tm_year))
+    assert watch.interrupt(signal.SIGTERM) == 0
+
+
+def test_watch_of_an_unreachable_redis_exits_1(watches: list[Watch]) -> None:
+    watch = Watch(f"redis://:{SECRET}@127.0.0.1:{free_tcp_port()}/0", "orders", "--timeout", "500ms")
+    watches.append(watch)
+    assert watch.process.wait(timeout=10) == 1
+    assert watch.process.stderr is not None
+    stderr = watch.process.stderr.read()
+    assert "cannot reach Redis" in stderr and SECRET not in stderr

@@ -2,8 +2,10 @@
 
 from elector.backend.connection import InvalidRedisSettingsError, RedisSettings, make_client, redact_url
 from elector.backend.redis_lease import RedisEventSubscription, RedisLeaseBackend, parse_holder
+from elector.backend.registry import HandoffRefusedError
 
 __all__ = [
+    "HandoffRefusedError",
     "InvalidRedisSettingsError",
     "RedisEventSubscription",
     "RedisLeaseBackend",

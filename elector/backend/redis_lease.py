@@ -6,18 +6,22 @@ import json
 import re
 import secrets
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.asyncio
 import redis.exceptions
 from redis.asyncio.client import PubSub
+from redis.commands.core import AsyncScript
+from redis.typing import EncodableT, KeyT
 
-from elector.backend import scripts
+from elector.backend import registry, scripts
 from elector.lease import (
     AcquireResult,
     BackendErrorKind,
+    Candidate,
     Granted,
+    Handoff,
     Held,
     Holder,
     Lease,
@@ -29,7 +33,13 @@ from elector.lease import (
     QuietPeriod,
     Renewed,
     RenewResult,
+    StandBack,
 )
+
+if TYPE_CHECKING:
+    from elector.backend.hub import EventHub
+    from elector.backend.pipeline import ScriptBatcher
+    from elector.lease import LeaseEventSubscription
 
 T = TypeVar("T")
 
@@ -56,6 +66,26 @@ def parse_holder(raw: bytes) -> Holder | None:
     if not isinstance(identity, str) or not isinstance(token, int) or isinstance(token, bool):
         return None
     return Holder(identity=identity, fencing_token=token)
+
+
+def parse_event_message(message: Mapping[str, Any]) -> LeaseEvent | None:
+    """The announcement in a pub/sub message (redis-py's dict shape); None if there is none.
+
+    Shared by the per-lock subscription and the multiplexing `EventHub`.
+    """
+    if message.get("type") != "message":
+        return None  # subscribe confirmations, PONGs: signs of life only
+    data = message.get("data")
+    if not isinstance(data, bytes):
+        return None
+    holder = parse_holder(data)
+    if holder is None:
+        return None
+    try:
+        kind = LeaseEventKind(json.loads(data).get("event"))
+    except (ValueError, AttributeError, UnicodeDecodeError, RecursionError):
+        return None
+    return LeaseEvent(kind=kind, holder=holder)
 
 
 def _remaining(pttl: int) -> int | None:
@@ -98,17 +128,33 @@ def _translate(exc: Exception, *, what: str, keys: str = "") -> LeaseBackendErro
 class RedisLeaseBackend:
     """The `LeaseBackend` of one named lock on one Redis (standalone) server.
 
-    Several backends (one per lock) may share one client and its connection pool.
+    Several backends (one per lock) may share one client and its connection pool, one `EventHub`
+    (one pub/sub connection for every lock's announcements) and one `ScriptBatcher` (script calls
+    that fall due together go out as one pipeline). Without them: a pub/sub connection per
+    subscription, a round trip per call.
     """
 
-    def __init__(self, client: redis.asyncio.Redis, *, lock: str, key_prefix: str = "elector") -> None:
+    def __init__(
+        self,
+        client: redis.asyncio.Redis,
+        *,
+        lock: str,
+        key_prefix: str = "elector",
+        hub: EventHub | None = None,
+        batcher: ScriptBatcher | None = None,
+    ) -> None:
         self._client = client
+        self._hub = hub
+        self._batcher = batcher
         self._lock = lock
         self.keys = scripts.LockKeys(lock, prefix=key_prefix)
         self._acquire = client.register_script(scripts.ACQUIRE)
         self._renew = client.register_script(scripts.RENEW)
         self._release = client.register_script(scripts.RELEASE)
         self._observe = client.register_script(scripts.OBSERVE)
+        self._withdraw = client.register_script(scripts.WITHDRAW)
+        self._request_handoff = client.register_script(scripts.REQUEST_HANDOFF)
+        self._candidates = client.register_script(scripts.CANDIDATES)
         self._uncertain_token: str | None = None
 
     @property
@@ -124,9 +170,18 @@ class RedisLeaseBackend:
             keys = f"{self.keys.lease} or {self.keys.fencing} or {self.keys.quiet}"
             raise _translate(exc, what=what, keys=keys) from exc
 
-    async def acquire(self, identity: str, *, ttl_ms: int) -> AcquireResult:
+    async def _run(
+        self, script: AsyncScript, *, keys: Sequence[KeyT], args: Sequence[EncodableT] = ()
+    ) -> Any:
+        """Every script call goes through here: pipelined with other calls when there is a batcher."""
+        if self._batcher is not None:
+            return await self._batcher.run_script(script, keys=keys, args=args)
+        return await script(keys=keys, args=args)
+
+    async def acquire(self, identity: str, *, ttl_ms: int, priority: int = 0) -> AcquireResult:
         if ttl_ms <= 0:
             raise ValueError(f"ttl must be positive, got {ttl_ms} ms")
+        registry.validate_priority(priority)
         # After an attempt whose answer was lost (timeout, broken connection) Redis may have granted
         # it: retry with the same owner token, so the script can hand that grant back to us.
         owner_token = self._uncertain_token or secrets.token_hex(16)
@@ -134,9 +189,18 @@ class RedisLeaseBackend:
         try:
             reply: Any = await self._call(
                 "acquire",
-                lambda: self._acquire(
-                    keys=[self.keys.lease, self.keys.fencing, self.keys.quiet, self.keys.server],
-                    args=[json.dumps(identity), owner_token, ttl_ms, self.keys.channel],
+                lambda: self._run(
+                    self._acquire,
+                    keys=[
+                        self.keys.lease,
+                        self.keys.fencing,
+                        self.keys.quiet,
+                        self.keys.server,
+                        self.keys.candidates,
+                        self.keys.candidate_expiry,
+                        self.keys.handoff,
+                    ],
+                    args=[json.dumps(identity), owner_token, ttl_ms, self.keys.channel, priority],
                 ),
             )
         except LeaseBackendError as exc:
@@ -160,36 +224,89 @@ class RedisLeaseBackend:
                 return Held(holder=parse_holder(bytes(reply[1])), remaining_ms=_remaining(int(reply[2])))
             if code == 2:
                 return QuietPeriod(remaining_ms=max(0, int(reply[2])))
+            if code == 3:
+                return StandBack(handoff=registry.parse_handoff(reply[1], reply[2], what="acquire"))
         except (IndexError, TypeError, ValueError) as exc:
             raise _translate(exc, what="acquire") from exc
         raise LeaseBackendError(f"acquire: unexpected reply code {code}", kind=BackendErrorKind.DATA)
 
-    async def renew(self, lease: Lease) -> RenewResult:
-        reply: Any = await self._call(
-            "renew", lambda: self._renew(keys=[self.keys.lease], args=[lease.value, lease.ttl_ms])
-        )
+    async def renew(self, lease: Lease, *, priority: int = 0) -> RenewResult:
+        registry.validate_priority(priority)
+        keys = [self.keys.lease, self.keys.candidates, self.keys.candidate_expiry, self.keys.handoff]
+        identity = registry.encode_identity(lease.identity)
+        args: list[str | int] = [lease.value, lease.ttl_ms, identity, priority]
+        reply: Any = await self._call("renew", lambda: self._run(self._renew, keys=keys, args=args))
         try:
             if int(reply[0]) == 1:
-                return Renewed()
+                handoff, rival = registry.parse_renewed(reply)
+                return Renewed(handoff=handoff, best_rival=rival)
             return Lost(holder=parse_holder(bytes(reply[1])), remaining_ms=_remaining(int(reply[2])))
         except (IndexError, TypeError, ValueError) as exc:
             raise _translate(exc, what="renew") from exc
 
-    async def release(self, lease: Lease) -> bool:
-        message = json.dumps(
-            {"event": "released", "identity": lease.identity, "fencing_token": lease.fencing_token},
-            separators=(",", ":"),
-        )
+    async def release(
+        self, lease: Lease, *, handoff_to: str | None = None, handoff_window_ms: int = 0
+    ) -> bool:
+        announcement: dict[str, object] = {
+            "event": "released",
+            "identity": lease.identity,
+            "fencing_token": lease.fencing_token,
+        }
+        handoff = ""
+        if handoff_to is not None:
+            if handoff_window_ms <= 0:
+                raise ValueError(f"a handoff window must be positive, got {handoff_window_ms} ms")
+            handoff = registry.handoff_value(from_identity=lease.identity, to_identity=handoff_to)
+            announcement["to"] = handoff_to  # the target need not wait for its next look
+        message = json.dumps(announcement, separators=(",", ":"))
+        keys = [self.keys.lease, self.keys.handoff]
+        args: list[str | int] = [lease.value, self.keys.channel, message, handoff, max(0, handoff_window_ms)]
+        reply: Any = await self._call("release", lambda: self._run(self._release, keys=keys, args=args))
+        try:
+            return bool(int(reply))
+        except (TypeError, ValueError) as exc:
+            raise _translate(exc, what="release") from exc
+
+    async def withdraw(self, identity: str) -> None:
+        keys = [self.keys.candidates, self.keys.candidate_expiry]
+        args = [registry.encode_identity(identity)]
+        await self._call("withdraw", lambda: self._run(self._withdraw, keys=keys, args=args))
+
+    async def candidates(self) -> list[Candidate]:
+        """The live registered candidates, by priority (highest first) then identity."""
+        keys = [self.keys.candidates, self.keys.candidate_expiry]
+        reply: Any = await self._call("candidates", lambda: self._run(self._candidates, keys=keys, args=[]))
+        return registry.parse_candidates(reply)
+
+    async def request_handoff(self, *, to: str | None, window_ms: int) -> Handoff | None:
+        """Ask the holder to hand the lease over (to `to`, or to anyone else when None).
+
+        Returns the handoff started, or None when nobody (elector) holds the lock. Raises
+        HandoffRefusedError when `to` already holds it, LeaseBackendError as every method.
+        """
+        if window_ms <= 0:
+            raise ValueError(f"a handoff window must be positive, got {window_ms} ms")
+        keys = [self.keys.lease, self.keys.handoff]
+        args: list[str | int] = [registry.encode_identity(to), window_ms, self.keys.channel]
         reply: Any = await self._call(
-            "release",
-            lambda: self._release(keys=[self.keys.lease], args=[lease.value, self.keys.channel, message]),
+            "handoff", lambda: self._run(self._request_handoff, keys=keys, args=args)
         )
-        return bool(int(reply))
+        try:
+            code = int(reply[0])
+            if code == 0:
+                return None
+            if code == 1:
+                return registry.parse_handoff(reply[1], reply[2], what="handoff")
+            if code == 2:
+                raise registry.HandoffRefusedError(bytes(reply[1]).decode("utf-8", "replace"))
+        except (IndexError, TypeError, ValueError) as exc:
+            raise _translate(exc, what="handoff") from exc
+        raise LeaseBackendError(f"handoff: unexpected reply code {code}", kind=BackendErrorKind.DATA)
 
     async def observe(self) -> Observation:
         reply: Any = await self._call(
             "observe",
-            lambda: self._observe(keys=[self.keys.lease, self.keys.fencing, self.keys.quiet]),
+            lambda: self._run(self._observe, keys=[self.keys.lease, self.keys.fencing, self.keys.quiet]),
         )
         try:
             raw_value, pttl, raw_counter, quiet_pttl = (
@@ -216,7 +333,11 @@ class RedisLeaseBackend:
             quiet_remaining_ms=max(0, quiet_pttl),
         )
 
-    async def subscribe(self, *, keepalive_s: float = 60.0) -> RedisEventSubscription:
+    async def subscribe(self, *, keepalive_s: float = 60.0) -> LeaseEventSubscription:
+        hub = self._hub
+        if hub is not None:
+            # The hub's one connection carries every lock's channel and keeps itself alive.
+            return await self._call("subscribe", lambda: hub.subscribe(self.keys.channel))
         pubsub = self._client.pubsub()
         try:
             await self._call("subscribe", lambda: pubsub.subscribe(self.keys.channel))
@@ -292,19 +413,7 @@ class RedisEventSubscription:
 
     @staticmethod
     def _parse(message: dict[str, Any]) -> LeaseEvent | None:
-        if message.get("type") != "message":
-            return None  # subscribe confirmations, PONGs: signs of life only
-        data = message.get("data")
-        if not isinstance(data, bytes):
-            return None
-        holder = parse_holder(data)
-        if holder is None:
-            return None
-        try:
-            kind = LeaseEventKind(json.loads(data).get("event"))
-        except (ValueError, AttributeError, UnicodeDecodeError, RecursionError):
-            return None
-        return LeaseEvent(kind=kind, holder=holder)
+        return parse_event_message(message)
 
     async def close(self) -> None:
         try:

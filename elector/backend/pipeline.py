@@ -1,0 +1,150 @@
+"""Pipelining of the lease scripts' calls that fall due together.
+
+A daemon holding many locks renews each of them every 0.3 x ttl. Calls issued in the same
+event-loop iteration (renewal timers that fire together, the burst of acquisitions at start-up)
+are sent as ONE non-transactional pipeline of EVALSHA commands: one write, one pooled connection
+and one round trip for the lot, instead of one of each per call. Each script stays its own
+command, atomic on its own; nothing is wrapped in MULTI, so one call's failure never touches
+another's.
+
+Each caller gets its own reply or its own exception, the very exception a single
+`Script.__call__` would have raised (a redis-py error): the backend translates it exactly as it
+translates a single call's. A NOSCRIPT reply (Redis restarted, SCRIPT FLUSH) is answered by one
+more pipeline that loads the missing scripts and retries those calls once. A failing connection
+fails the callers of its batch only; other batches run on other pooled connections.
+
+Timeouts stay per request: the client's socket timeout bounds every read of the pipeline, and
+each caller keeps its own deadline. A caller that gives up (cancelled) is dropped from a batch
+not yet sent and its reply is discarded otherwise; the batch itself runs in a task of its own,
+so the cancellation never reaches the shared connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import redis.asyncio
+from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
+from redis.typing import EncodableT, KeyT
+
+#: Upper bound of the commands in one pipeline: a bigger burst is split, so that one slow batch
+#: holds no more than this many callers, and Redis answers each batch without a long stall.
+DEFAULT_MAX_BATCH = 256
+
+
+@dataclasses.dataclass(slots=True)
+class _Call:
+    script: AsyncScript
+    numkeys: int
+    keys_and_args: tuple[Any, ...]
+    future: asyncio.Future[Any]
+
+
+@dataclasses.dataclass(slots=True)
+class BatcherStats:
+    """Counters for tests and benchmarks."""
+
+    calls: int = 0
+    #: Pipelines sent (round trips), the NOSCRIPT reload-and-retry ones included.
+    pipelines: int = 0
+    largest_batch: int = 0
+    #: Calls that met NOSCRIPT and were retried after loading their script.
+    noscript_retries: int = 0
+
+
+class ScriptBatcher:
+    """Sends the script calls of one event-loop iteration as one pipeline."""
+
+    def __init__(
+        self, client: redis.asyncio.Redis, *, max_batch: int = DEFAULT_MAX_BATCH, linger_s: float = 0.0
+    ) -> None:
+        if max_batch < 1 or linger_s < 0:
+            raise ValueError("max_batch must be positive and linger_s not negative")
+        self._client = client
+        self._max_batch = max_batch
+        self._linger_s = linger_s
+        self._queue: list[_Call] = []
+        self._flush_handle: asyncio.Handle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.stats = BatcherStats()
+
+    async def run_script(
+        self, script: AsyncScript, *, keys: Sequence[KeyT] = (), args: Sequence[EncodableT] = ()
+    ) -> Any:
+        """Run `script` (registered on any client of the same server); its reply, or its error."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._queue.append(_Call(script, len(keys), (*keys, *args), future))
+        self.stats.calls += 1
+        if len(self._queue) >= self._max_batch:
+            self._flush()
+        elif self._flush_handle is None:
+            # call_soon runs after every callback already queued for this iteration, so all
+            # the calls made meanwhile (timers that fired together) join this batch.
+            if self._linger_s > 0:
+                self._flush_handle = loop.call_later(self._linger_s, self._flush)
+            else:
+                self._flush_handle = loop.call_soon(self._flush)
+        return await future
+
+    async def aclose(self) -> None:
+        """Send what is queued and wait for every batch in flight."""
+        if self._queue:
+            self._flush()
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _flush(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        # A caller cancelled before the batch went out is not sent at all.
+        calls = [call for call in self._queue if not call.future.done()]
+        self._queue = []
+        loop = asyncio.get_running_loop()
+        for start in range(0, len(calls), self._max_batch):
+            task = loop.create_task(self._execute(calls[start : start + self._max_batch]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _execute(self, calls: list[_Call]) -> None:
+        self.stats.largest_batch = max(self.stats.largest_batch, len(calls))
+        try:
+            replies = await self._pipeline([], calls)
+            missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+            if missing:
+                self.stats.noscript_retries += len(missing)
+                retried = await self._pipeline(
+                    list({calls[i].script.sha: calls[i].script for i in missing}.values()),
+                    [calls[i] for i in missing],
+                )
+                for i, reply in zip(missing, retried, strict=True):
+                    replies[i] = reply
+        except Exception as exc:  # the connection failed: every caller of this batch gets it
+            for call in calls:
+                if not call.future.done():
+                    call.future.set_exception(copy.copy(exc))
+            return
+        for call, reply in zip(calls, replies, strict=True):
+            if call.future.done():
+                continue  # the caller gave up; its reply is dropped
+            if isinstance(reply, Exception):
+                call.future.set_exception(reply)
+            else:
+                call.future.set_result(reply)
+
+    async def _pipeline(self, load: list[AsyncScript], calls: list[_Call]) -> list[Any]:
+        """One round trip: SCRIPT LOAD each of `load`, then EVALSHA each call; the calls' replies."""
+        pipe = self._client.pipeline(transaction=False)
+        for script in load:
+            pipe.script_load(script.script)
+        for call in calls:
+            pipe.evalsha(call.script.sha, call.numkeys, *call.keys_and_args)
+        self.stats.pipelines += 1
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        return replies[len(load) :]
