@@ -1,30 +1,164 @@
 """The `elector run` daemon: wires settings, Redis, the election, HTTP, metrics, logs and signals.
 
+One daemon may hold many locks (one `Election` each, sharing one Redis client); in exec mode it
+holds one and runs the leader's command (see exec_mode.py).
+
 Exit codes: 0 after a clean shutdown (the lease released); 1 on a fatal error (the HTTP port is
 taken, a task crashed) or when a second signal cut the shutdown short; 3 after losing leadership
-with `--exit-on-loss`. Invalid settings exit 2 before this module runs (see cli.py).
+with `--exit-on-loss`; in exec mode with `--on-child-exit exit`, the command's own exit code.
+Invalid settings exit 2 before this module runs (see cli.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import structlog
 from prometheus_client import CollectorRegistry
 
 from elector.backend import RedisLeaseBackend, make_client, redact_url
 from elector.config import Settings
-from elector.election import CycleOutcome, Election, ElectionHooks, ElectionStatus, StepDownReason
+from elector.election import CycleOutcome, Election, ElectionHooks, ElectionStatus, State, StepDownReason
+from elector.exec_mode import ExecMode
 from elector.http import HttpBindError, HttpServer, make_http_app
+from elector.leader_file import LeaderFileWriter
+from elector.lease import Lease
 from elector.logs import OutcomeLogger, configure_logging, make_logger
-from elector.metrics import ElectionMetrics, register_process_metrics
+from elector.metrics import ElectionMetrics, MetricFamilies, register_process_metrics
+from elector.supervisor import OrphanReaper, become_subreaper
+
+#: How long a leadership hook waits for the leader file before going on without it, seconds.
+LEADER_FILE_HOOK_WAIT_S = 0.1
 
 EXIT_OK = 0
 EXIT_FATAL = 1
 EXIT_LOST_LEADERSHIP = 3
+
+
+class LockElection:
+    """One lock of the daemon: its election, metrics, log lines and leader file."""
+
+    def __init__(
+        self,
+        daemon: Daemon,
+        *,
+        lock: str,
+        families: MetricFamilies,
+        on_started_leading: Callable[[Lease], Awaitable[None]] | None = None,
+        on_stopped_leading: Callable[[StepDownReason], Awaitable[None]] | None = None,
+    ) -> None:
+        settings = daemon.settings
+        self._daemon = daemon
+        self._extra_started = on_started_leading
+        self._extra_stopped = on_stopped_leading
+        self._file_due = asyncio.Event()
+        self._file_lock = asyncio.Lock()
+        backend = RedisLeaseBackend(daemon.client, lock=lock, key_prefix=settings.redis.key_prefix)
+        self.log = make_logger("elector", context=self.log_context)
+        leader_file = settings.leader_file_for(lock)
+        self.leader_file = (
+            None
+            if leader_file is None
+            else LeaderFileWriter(leader_file, lock=lock, identity=settings.identity)
+        )
+        self.metrics = ElectionMetrics(families, lock=lock, status=self.status)
+        self.election = Election(
+            backend,
+            identity=settings.identity,
+            timing=settings.timing,
+            hooks=ElectionHooks(
+                on_outcome=_fan_out(
+                    OutcomeLogger(self.log), self.metrics.observe, self._on_outcome, log=self.log
+                ),
+                on_started_leading=self._on_started_leading,
+                on_stopped_leading=self._on_stopped_leading,
+            ),
+            priority=settings.priority,
+        )
+
+    def status(self) -> ElectionStatus:
+        return self.election.status()
+
+    def log_context(self) -> dict[str, object]:
+        status = self.election.status()
+        return {
+            "lock": status.lock,
+            "identity": status.identity,
+            "state": status.state.value,
+            "fencing_token": status.fencing_token,
+        }
+
+    def _on_outcome(self, outcome: CycleOutcome) -> None:
+        if self.leader_file is not None:
+            self._file_due.set()
+
+    def _write_leader_file(self) -> None:
+        """Runs in a worker thread: a slow or hung volume must never hold up a renewal."""
+        assert self.leader_file is not None
+        status = self.election.status()
+        if status.state is State.STOPPED:
+            self.leader_file.mark_stopped()
+            return
+        holder = status.holder
+        self.leader_file.write(
+            is_leader=status.is_leader,
+            fencing_token=status.fencing_token if status.is_leader else None,
+            holder=None if holder is None else holder.identity,
+            holder_fencing_token=None if holder is None else holder.fencing_token,
+            state=status.state.value,
+        )
+
+    async def _keep_leader_file(self) -> None:
+        while True:
+            await self._file_due.wait()
+            self._file_due.clear()
+            await self.flush_leader_file()
+
+    async def flush_leader_file(self, *, timeout_s: float | None = None) -> None:
+        """Write the current state now (one write at a time); give up waiting after `timeout_s`."""
+        if self.leader_file is None:
+            return
+
+        async def write() -> None:
+            async with self._file_lock:
+                await asyncio.to_thread(self._write_leader_file)
+
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                # Shielded: a write given up on still completes in its thread, in order.
+                await asyncio.shield(write())
+
+    async def _on_started_leading(self, lease: Lease) -> None:
+        # Consumers of the file learn of the term before the command starts.
+        await self.flush_leader_file(timeout_s=LEADER_FILE_HOOK_WAIT_S)
+        if self._extra_started is not None:
+            await self._extra_started(lease)
+
+    async def _on_stopped_leading(self, reason: StepDownReason) -> None:
+        # ...and of its end before the command is stopped: nobody acts on a term being wound down.
+        await self.flush_leader_file(timeout_s=LEADER_FILE_HOOK_WAIT_S)
+        if self._extra_stopped is not None:
+            await self._extra_stopped(reason)
+        if self._daemon.settings.exit_on_loss and reason is not StepDownReason.SHUTDOWN:
+            self._daemon.request_exit(EXIT_LOST_LEADERSHIP, reason=f"leadership lost ({reason.value})")
+
+    async def run(self) -> None:
+        keeper = None
+        if self.leader_file is not None:
+            await self.flush_leader_file()
+            keeper = asyncio.create_task(self._keep_leader_file(), name=f"leader-file:{self.election.lock}")
+        try:
+            await self.election.run()
+        finally:
+            if keeper is not None:
+                keeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await keeper
+                await self.flush_leader_file(timeout_s=1.0)
 
 
 class Daemon:
@@ -35,65 +169,72 @@ class Daemon:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.exit_code = EXIT_OK
         self._signals_seen = 0
-        self._election_task: asyncio.Task[None] | None = None
-        self._client = make_client(settings.redis, client_name=f"elector:{settings.lock}:{settings.identity}")
-        backend = RedisLeaseBackend(self._client, lock=settings.lock, key_prefix=settings.redis.key_prefix)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._reaper: OrphanReaper | None = None
+        self.locks: list[LockElection] = []
+        name = settings.lock if len(settings.locks) == 1 else f"{len(settings.locks)}-locks"
+        self.client = make_client(settings.redis, client_name=f"elector:{name}:{settings.identity}")
         self.log = make_logger("elector", context=self._log_context)
-        outcome_logger = OutcomeLogger(self.log)
         register_process_metrics(self.registry)
-        # The election reports to the metrics, the metrics read the election's status at scrape.
-        self.metrics = ElectionMetrics(self.registry, lock=settings.lock, status=self._status)
-        self.election = Election(
-            backend,
-            identity=settings.identity,
-            timing=settings.timing,
-            hooks=ElectionHooks(
-                on_outcome=_fan_out(outcome_logger, self.metrics.observe, log=self.log),
-                on_stopped_leading=self._on_stopped_leading,
-            ),
-        )
+        families = MetricFamilies(self.registry)
+        self.exec_mode: ExecMode | None = None
+        hooks: dict[str, Callable[..., Awaitable[None]]] = {}
+        if settings.exec is not None:
+            self.exec_mode = ExecMode(settings.exec, log=self.log, request_exit=self._command_exit)
+            hooks = {
+                "on_started_leading": self.exec_mode.on_started_leading,
+                "on_stopped_leading": self.exec_mode.on_stopped_leading,
+            }
+        self.locks = [LockElection(self, lock=lock, families=families, **hooks) for lock in settings.locks]
+        if self.exec_mode is not None:
+            self.exec_mode.attach(self.locks[0].election)
         timing = settings.timing
         self.http = HttpServer(
             make_http_app(
-                status=self.election.status,
+                status=[lock.status for lock in self.locks],
                 registry=self.registry,
                 # A follower may legitimately sleep a whole ttl; wedged means well past its due time.
-                liveness_grace_s=max(timing.ttl_s, 5.0),
+                # A leader's step-down may wait for its command for up to the kill grace.
+                liveness_grace_s=max(timing.ttl_s, 5.0) + timing.stop_work_s,
                 # "Within the last ttl", plus one request's time so a healthy follower never flaps.
                 readiness_window_s=timing.ttl_s + timing.request_timeout_s,
             ),
             settings=settings.http,
         )
 
-    def _status(self) -> ElectionStatus:
-        return self.election.status()
+    @property
+    def election(self) -> Election:
+        """The first lock's election (the only one in exec mode)."""
+        return self.locks[0].election
 
     def _log_context(self) -> dict[str, object]:
-        status = self.election.status()
-        return {
-            "lock": status.lock,
-            "identity": status.identity,
-            "state": status.state.value,
-            "fencing_token": status.fencing_token,
-        }
+        if len(self.locks) == 1:
+            return self.locks[0].log_context()
+        return {"identity": self.settings.identity, "locks": len(self.settings.locks)}
 
-    async def _on_stopped_leading(self, reason: StepDownReason) -> None:
-        if self.settings.exit_on_loss and reason is not StepDownReason.SHUTDOWN:
-            self.log.warning("exiting_after_loss", reason=reason.value, exit_code=EXIT_LOST_LEADERSHIP)
-            self.exit_code = EXIT_LOST_LEADERSHIP
-            self.election.stop()
+    def _command_exit(self, code: int) -> None:
+        self.request_exit(code, reason="the command exited (--on-child-exit exit)")
+
+    def request_exit(self, code: int, *, reason: str) -> None:
+        """Stop every election gracefully (release), then exit with `code`."""
+        if self.exit_code == EXIT_OK:
+            self.exit_code = code
+        self.log.warning("exiting", reason=reason, exit_code=code)
+        for lock in self.locks:
+            lock.election.stop()
 
     def request_stop(self, signame: str = "request") -> None:
-        """First call: stop gracefully (release the lease). Second: stop at once."""
+        """First call: stop gracefully (release the leases). Second: stop at once."""
         self._signals_seen += 1
         if self._signals_seen == 1:
             self.log.info("shutting_down", signal=signame)
-            self.election.stop()
+            for lock in self.locks:
+                lock.election.stop()
         else:
             self.log.warning("exiting_now", signal=signame, detail="second signal: not waiting for release")
             self.exit_code = EXIT_FATAL
-            if self._election_task is not None:
-                self._election_task.cancel()
+            for task in self._tasks:
+                task.cancel()
 
     async def run(self, *, install_signal_handlers: bool = True) -> int:
         settings = self.settings
@@ -102,39 +243,65 @@ class Daemon:
             await self.http.start()
         except HttpBindError as exc:
             self.log.error("http_bind_failed", error=str(exc))
-            await self._client.aclose()
+            await self.client.aclose()
             return EXIT_FATAL
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_stop, sig.name)
+        if self.exec_mode is not None:
+            # Orphans of the command (a `sh -c` whose shell died) are re-parented to us, not to
+            # init, so that they can be found, killed and reaped; as PID 1 we reap every orphan.
+            become_subreaper()
+            self._reaper = OrphanReaper(exclude=lambda: self.exec_mode.child_pid if self.exec_mode else None)
+            await self._reaper.start()
         self.log.info(
             "started",
             redis=redact_url(settings.redis.url),
             http=f"{settings.http.host}:{self.http.bound_port}",
+            locks=len(settings.locks),
             ttl_ms=settings.timing.ttl_ms,
             renew_interval_ms=round(settings.timing.renew_interval_s * 1000),
             renew_deadline_ms=round(settings.timing.renew_deadline_s * 1000),
             request_timeout_ms=round(settings.timing.request_timeout_s * 1000),
+            priority=settings.priority,
+            command=None if settings.exec is None else list(settings.exec.command),
+            kill_grace_ms=None if settings.exec is None else round(settings.exec.kill_grace_s * 1000),
+            pid=os.getpid(),
         )
-        self._election_task = asyncio.create_task(self.election.run(), name=f"election:{settings.lock}")
+        self._tasks = [
+            asyncio.create_task(self._guarded(lock), name=f"election:{lock.election.lock}")
+            for lock in self.locks
+        ]
         try:
-            await self._election_task
+            await asyncio.gather(*self._tasks)
         except asyncio.CancelledError:
             if self._signals_seen < 2:
                 raise
-        except Exception:
-            # A bug in the election must not leave a pod that looks alive but never leads.
-            self.log.exception("election_crashed")
-            self.exit_code = EXIT_FATAL
         finally:
+            if self.exec_mode is not None:
+                # Normally stopped by the election's own hook; this covers a crash or a cancel.
+                with contextlib.suppress(Exception):
+                    await self.exec_mode.close()
+            if self._reaper is not None:
+                await self._reaper.stop()
             if install_signal_handlers:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
             await self.http.stop()
             with contextlib.suppress(Exception):
-                await self._client.aclose()
+                await self.client.aclose()
         self.log.info("stopped", exit_code=self.exit_code)
         return self.exit_code
+
+    async def _guarded(self, lock: LockElection) -> None:
+        try:
+            await lock.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # A bug in one election must not leave a pod that looks alive but never leads.
+            lock.log.exception("election_crashed")
+            self.request_exit(EXIT_FATAL, reason="an election crashed")
 
 
 def _fan_out(

@@ -1,4 +1,4 @@
-"""The command line: `elector run`, `elector status`, `elector demo`.
+"""The command line: `elector run`, `elector status`, `elector handoff`, `elector demo`.
 
 Every option of `run` can also be set by an `ELECTOR_*` environment variable (shown in --help).
 Invalid settings exit with code 2 and a message naming the setting.
@@ -75,7 +75,22 @@ def cli() -> None:
 
 @cli.command(context_settings=CONTEXT)
 @redis_options
-@lock_option
+@click.option(
+    "--lock",
+    "locks",
+    multiple=True,
+    envvar=_envvar("lock"),
+    show_envvar=True,
+    help="Name of a lock the replicas compete for. Repeat it (or separate names by blanks in the "
+    "variable) to hold several locks in one daemon.",
+)
+@click.option(
+    "--locks-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar=_envvar("locks-file"),
+    show_envvar=True,
+    help="File of lock names, one per line (# comments), added to --lock.",
+)
 @click.option(
     "--identity",
     envvar=_envvar("identity"),
@@ -144,11 +159,49 @@ def cli() -> None:
     show_envvar=True,
     help="Exit (code 3) after losing leadership instead of contending again.",
 )
+@click.option(
+    "--priority",
+    type=int,
+    default=0,
+    show_default=True,
+    envvar=_envvar("priority"),
+    show_envvar=True,
+    help="Preferred leaders: a leader hands over to a live candidate with a higher priority "
+    "(after it has been seen for a ttl, so leadership never flaps).",
+)
+@click.option(
+    "--leader-file",
+    envvar=_envvar("leader-file"),
+    show_envvar=True,
+    help="Keep this JSON file (written atomically) showing whether we lead and the fencing token. "
+    "With several locks, put {lock} in the path.",
+)
+@click.option(
+    "--kill-grace",
+    type=DURATION,
+    envvar=_envvar("kill-grace"),
+    show_envvar=True,
+    help="Exec mode: SIGTERM to SIGKILL grace for the command. Default: 0.2 x ttl, within what "
+    "fits between the renew deadline and the lease's expiry.",
+)
+@click.option(
+    "--on-child-exit",
+    type=click.Choice(["release", "restart", "exit"]),
+    default="release",
+    show_default=True,
+    envvar=_envvar("on-child-exit"),
+    show_envvar=True,
+    help="Exec mode, when the command exits by itself while leading: release (step down, let "
+    "another replica lead, contend again after a back-off), restart (after a back-off, still "
+    "leading), or exit (release and exit with the command's code).",
+)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(
     *,
     redis_url: str,
     redis_password_file: Path | None,
-    lock: str,
+    locks: tuple[str, ...],
+    locks_file: Path | None,
     identity: str | None,
     ttl: float,
     renew_interval: float | None,
@@ -158,15 +211,35 @@ def run(
     log_format: str,
     log_level: str,
     exit_on_loss: bool,
+    priority: int,
+    leader_file: str | None,
+    kill_grace: float | None,
+    on_child_exit: str,
+    command: tuple[str, ...],
 ) -> None:
-    """Compete for LOCK; lead while holding it; publish the role over HTTP and metrics.
+    """Compete for each LOCK; lead while holding it; publish the role over HTTP and metrics.
+
+    \b
+    Exec mode:  elector run --lock NAME [options] -- COMMAND [ARGS...]
+    runs COMMAND only while this replica leads, with ELECTOR_LOCK, ELECTOR_IDENTITY,
+    ELECTOR_FENCING_TOKEN and ELECTOR_LEASE_TTL_MS in its environment, and stops its whole
+    process group before the lease could expire.
 
     Exit codes: 0 stopped by SIGTERM/SIGINT (lease released), 1 fatal error or a second signal,
-    2 invalid settings, 3 leadership lost with --exit-on-loss.
+    2 invalid settings, 3 leadership lost with --exit-on-loss; with --on-child-exit exit, the
+    command's own exit code.
     """
+    if not locks and locks_file is None:
+        raise click.UsageError("invalid setting --lock: missing (give --lock NAME or set ELECTOR_LOCK)")
     try:
         settings = build_settings(
-            lock=lock,
+            lock=locks,
+            locks_file=locks_file,
+            priority=priority,
+            leader_file=leader_file,
+            command=command,
+            kill_grace_s=kill_grace,
+            on_child_exit=on_child_exit,
             identity=identity,
             redis_url=redis_url,
             redis_password_file=redis_password_file,
@@ -189,18 +262,25 @@ def run(
 @cli.command(context_settings=CONTEXT)
 @redis_options
 @lock_option
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (one per line with --watch).")
 @click.option("--timeout", type=DURATION, default="2s", show_default=True, help="Redis request timeout.")
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Follow the lock: print one line per transition (acquired, released, handoff, "
+    "candidates joining or leaving) until interrupted.",
+)
 def status(
-    redis_url: str, redis_password_file: Path | None, lock: str, as_json: bool, timeout: float
+    *, redis_url: str, redis_password_file: Path | None, lock: str, as_json: bool, timeout: float, watch: bool
 ) -> None:
-    """Show who holds LOCK, its fencing token and remaining TTL, without contending.
+    """Show who holds LOCK, its fencing token and remaining TTL, and the registered candidates.
 
-    Exit codes: 0 read (held or free), 1 Redis unreachable or unreadable, 2 invalid settings.
+    Read without contending. Exit codes: 0 read (held or free; with --watch: interrupted by
+    SIGINT/SIGTERM), 1 Redis unreachable or unreadable, 2 invalid settings.
     """
     import json
 
-    from elector.status import StatusError, read_status
+    from elector.status import StatusError, read_status, watch_status
 
     try:
         validate_lock_name(lock)
@@ -209,6 +289,16 @@ def status(
     if timeout <= 0:
         raise click.BadParameter("must be positive", param_hint="'--timeout'")
     try:
+        if watch:
+            watch_status(
+                redis_url,
+                password_file=redis_password_file,
+                lock=lock,
+                timeout_s=timeout,
+                as_json=as_json,
+                emit=click.echo,
+            )
+            return
         click.echo(
             read_status(
                 redis_url, password_file=redis_password_file, lock=lock, timeout_s=timeout, as_json=as_json
@@ -237,6 +327,77 @@ def demo(*, replicas: int, ttl: float, rounds: int, redis_server: str | None) ->
     from elector.demo import run_demo
 
     sys.exit(run_demo(replicas=replicas, ttl_s=ttl, rounds=rounds, redis_server=redis_server))
+
+
+@cli.command(context_settings=CONTEXT)
+@redis_options
+@lock_option
+@click.option(
+    "--to",
+    "to",
+    metavar="IDENTITY",
+    help="The candidate to hand over to (it must be a live candidate). Default: anyone but the leader.",
+)
+@click.option(
+    "--timeout",
+    type=DURATION,
+    default="30s",
+    show_default=True,
+    help="How long to wait for the handoff to complete.",
+)
+@click.option(
+    "--window",
+    type=DURATION,
+    help="How long the old leader (and with --to, every other candidate) stands back. "
+    "Default: 10s, or --timeout if shorter.",
+)
+def handoff(
+    *,
+    redis_url: str,
+    redis_password_file: Path | None,
+    lock: str,
+    to: str | None,
+    timeout: float,
+    window: float | None,
+) -> None:
+    """Ask the leader of LOCK to stop its work and hand the lease over, and wait until it has.
+
+    Exit codes: 0 handed over within --timeout, 1 not handed over (no leader, unknown or
+    current --to, timeout) or Redis unreachable, 2 invalid settings.
+    """
+    from elector.config import validate_identity
+    from elector.handoff import MAX_WINDOW_S, HandoffError, run_handoff
+
+    try:
+        validate_lock_name(lock)
+        if to is not None:
+            validate_identity(to)
+    except SettingsError as exc:
+        text = str(exc).replace("--identity", "--to", 1)
+        raise click.UsageError(f"invalid setting {text}") from None
+    if timeout <= 0:
+        raise click.BadParameter("must be positive", param_hint="'--timeout'")
+    if window is not None and not 0 < window <= MAX_WINDOW_S:
+        raise click.BadParameter(f"must be positive and at most {MAX_WINDOW_S:g}s", param_hint="'--window'")
+    try:
+        result = run_handoff(
+            redis_url,
+            password_file=redis_password_file,
+            lock=lock,
+            to=to,
+            timeout_s=timeout,
+            window_s=window,
+            progress=click.echo,
+        )
+    except HandoffError as exc:
+        if exc.usage:
+            raise click.UsageError(str(exc)) from None
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    if not result.done:
+        click.echo(f"error: {result.message}", err=True)
+        sys.exit(1)
+    click.echo(result.message)
 
 
 def main() -> None:

@@ -7,11 +7,13 @@ that every bad value is reported up front with the setting's name.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import enum
 import os
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from elector.backend import InvalidRedisSettingsError, RedisSettings
@@ -19,6 +21,7 @@ from elector.backend.redis_lease import MAX_IDENTITY_LENGTH
 from elector.election import ElectionTiming, InvalidTimingError
 from elector.http import HttpSettings, parse_http_address
 from elector.logs import LogSettings
+from elector.supervisor import stop_budget_s
 
 #: Lock names become part of Redis keys inside a {hash tag}: no braces, no blanks, no control chars.
 LOCK_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,199}$")
@@ -82,11 +85,45 @@ def default_identity(environ: Mapping[str, str] | None = None) -> str:
     return env.get("POD_NAME") or socket.gethostname()
 
 
+#: Most locks one daemon may hold (each is an election of its own).
+MAX_LOCKS = 10_000
+#: Default SIGTERM-to-SIGKILL grace of the leader's command, as a share of the ttl.
+DEFAULT_KILL_GRACE_SHARE = 0.2
+#: A kill grace shorter than this cannot let any real program exit cleanly.
+MIN_USEFUL_KILL_GRACE_S = 0.05
+LEADER_FILE_LOCK_PLACEHOLDER = "{lock}"
+#: How long a step-down waits for the leader file to say "not leading" before stopping the
+#: work; part of the safety margin when a leader file is kept, seconds.
+LEADER_FILE_WAIT_S = 0.1
+
+
+class ChildExitPolicy(enum.StrEnum):
+    """What to do when the leader's command exits by itself while we lead."""
+
+    #: Step down and release, stand back for a back-off, then contend again (the default: a
+    #: command that keeps failing here gets a chance on another replica).
+    RELEASE = "release"
+    #: Keep leading and start the command again after a back-off.
+    RESTART = "restart"
+    #: Release and exit with the command's exit code (128 + N when a signal N killed it).
+    EXIT = "exit"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ExecSettings:
+    """Exec mode: the command run only while this replica leads."""
+
+    command: tuple[str, ...]
+    #: SIGTERM to SIGKILL grace, seconds; part of the safety margin (see ElectionTiming).
+    kill_grace_s: float
+    on_child_exit: ChildExitPolicy = ChildExitPolicy.RELEASE
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Settings:
     """Everything `elector run` needs, validated."""
 
-    lock: str
+    locks: tuple[str, ...]
     identity: str
     redis: RedisSettings
     timing: ElectionTiming
@@ -94,11 +131,108 @@ class Settings:
     logs: LogSettings
     #: Exit (code 3) after losing leadership instead of contending again.
     exit_on_loss: bool = False
+    #: Higher wins: a leader yields to a live candidate with a higher priority.
+    priority: int = 0
+    #: Where to keep the current state for sidecars; `{lock}` is replaced by the lock's name.
+    leader_file: str | None = None
+    exec: ExecSettings | None = None
+
+    @property
+    def lock(self) -> str:
+        """The first (in exec mode: the only) lock."""
+        return self.locks[0]
+
+    def leader_file_for(self, lock: str) -> Path | None:
+        if self.leader_file is None:
+            return None
+        # Lock names may hold "/", which must not turn into directories.
+        return Path(self.leader_file.replace(LEADER_FILE_LOCK_PLACEHOLDER, lock.replace("/", "_")))
+
+
+def read_locks_file(path: Path) -> list[str]:
+    """Lock names from a file: one per line; blank lines and `#` comments are skipped."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingsError("--locks-file", f"cannot read {str(path)!r}: {exc}") from None
+    names = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        name = line.split("#", 1)[0].strip()
+        if not name:
+            continue
+        try:
+            names.append(validate_lock_name(name))
+        except SettingsError as exc:
+            raise SettingsError("--locks-file", f"{path}:{number}: {exc}") from None
+    return names
+
+
+def _collect_locks(lock: str | Sequence[str], locks_file: Path | None) -> tuple[str, ...]:
+    names = [lock] if isinstance(lock, str) else list(lock)
+    for name in names:
+        validate_lock_name(name)
+    if locks_file is not None:
+        names.extend(read_locks_file(locks_file))
+    if not names:
+        raise SettingsError("--lock", "give at least one lock name (--lock NAME or --locks-file PATH)")
+    duplicates = sorted(name for name, count in collections.Counter(names).items() if count > 1)
+    if duplicates:
+        raise SettingsError("--lock", f"lock {duplicates[0]!r} is given more than once")
+    if len(names) > MAX_LOCKS:
+        raise SettingsError("--lock", f"{len(names)} locks; one daemon holds at most {MAX_LOCKS}")
+    return tuple(names)
+
+
+def _kill_grace(
+    kill_grace_s: float | None, *, ttl_s: float, renew_deadline_s: float | None, other_stop_work_s: float
+) -> float:
+    """The kill grace, checked against the time left between the renew deadline and the expiry.
+
+    The leader's command must be gone before the lease can expire on Redis, so the grace plus
+    the reap slack must fit in `ttl - renew deadline - safety margin`.
+    """
+    deadline_s = ttl_s * 2 / 3 if renew_deadline_s is None else renew_deadline_s
+    probe = ElectionTiming(
+        ttl_s=ttl_s, renew_interval_s=deadline_s / 2, renew_deadline_s=deadline_s, request_timeout_s=0.001
+    )
+    room_s = ttl_s - deadline_s - probe.safety_margin_s - stop_budget_s(0.0) - other_stop_work_s
+    if kill_grace_s is None:
+        if room_s >= MIN_USEFUL_KILL_GRACE_S:
+            return min(ttl_s * DEFAULT_KILL_GRACE_SHARE, room_s)
+        kill_grace_s = ttl_s * DEFAULT_KILL_GRACE_SHARE
+    if kill_grace_s < 0:
+        raise SettingsError("--kill-grace", f"must not be negative, got {kill_grace_s * 1000:g}ms")
+    if kill_grace_s > room_s:
+        raise SettingsError(
+            "--kill-grace",
+            f"a kill grace of {kill_grace_s * 1000:g}ms does not fit: the command must be gone before "
+            f"the lease can expire, and with --ttl {ttl_s * 1000:g}ms and a renew deadline of "
+            f"{deadline_s * 1000:g}ms at most {max(0.0, room_s) * 1000:.0f}ms are left (ttl - renew "
+            "deadline - 1% of ttl - 5ms - time to reap and to update the leader file); shorten "
+            "--kill-grace, lengthen --ttl or shorten --renew-deadline",
+        )
+    return kill_grace_s
+
+
+def _check_leader_file(template: str, locks: Sequence[str]) -> None:
+    from elector.leader_file import LeaderFileError, check_leader_file_path
+
+    if len(locks) > 1 and LEADER_FILE_LOCK_PLACEHOLDER not in template:
+        raise SettingsError(
+            "--leader-file",
+            "with several locks the path must contain {lock} (replaced by each lock's name)",
+        )
+    for lock in locks:
+        path = Path(template.replace(LEADER_FILE_LOCK_PLACEHOLDER, lock.replace("/", "_")))
+        try:
+            check_leader_file_path(path)
+        except LeaderFileError as exc:
+            raise SettingsError("--leader-file", str(exc)) from None
 
 
 def build_settings(
     *,
-    lock: str,
+    lock: str | Sequence[str],
     identity: str | None,
     redis_url: str,
     redis_password_file: Path | None = None,
@@ -110,19 +244,59 @@ def build_settings(
     log_format: str = "auto",
     log_level: str = "info",
     exit_on_loss: bool = False,
+    locks_file: Path | None = None,
+    priority: int = 0,
+    leader_file: str | None = None,
+    command: Sequence[str] = (),
+    kill_grace_s: float | None = None,
+    on_child_exit: str = "release",
 ) -> Settings:
     """Assemble and check every setting; raises SettingsError naming the first bad one."""
-    validate_lock_name(lock)
+    locks = _collect_locks(lock, locks_file)
     identity = validate_identity(identity if identity is not None else default_identity())
+    exec_settings = None
+    if command:
+        if len(locks) > 1:
+            raise SettingsError(
+                "--lock",
+                f"exec mode runs one command under one lock, but {len(locks)} locks were given; "
+                "run one daemon per lock, or drop the command to hold several locks",
+            )
+        try:
+            policy = ChildExitPolicy(on_child_exit)
+        except ValueError:
+            choices = ", ".join(p.value for p in ChildExitPolicy)
+            raise SettingsError("--on-child-exit", f"{on_child_exit!r} is not one of {choices}") from None
+        exec_settings = ExecSettings(
+            command=tuple(command),
+            kill_grace_s=_kill_grace(
+                kill_grace_s,
+                ttl_s=ttl_s,
+                renew_deadline_s=renew_deadline_s,
+                other_stop_work_s=0.0 if leader_file is None else LEADER_FILE_WAIT_S,
+            ),
+            on_child_exit=policy,
+        )
+    elif kill_grace_s is not None:
+        raise SettingsError("--kill-grace", "only applies to exec mode (elector run ... -- COMMAND)")
+    if not -(10**6) <= priority <= 10**6:
+        raise SettingsError("--priority", f"must be between -1000000 and 1000000, got {priority}")
+    if leader_file is not None:
+        _check_leader_file(leader_file, locks)
+    stop_work_s = 0.0 if exec_settings is None else stop_budget_s(exec_settings.kill_grace_s)
+    if leader_file is not None:
+        stop_work_s += LEADER_FILE_WAIT_S
     try:
         timing = ElectionTiming.from_ttl(
             ttl_s,
             renew_interval_s=renew_interval_s,
             renew_deadline_s=renew_deadline_s,
             request_timeout_s=request_timeout_s,
+            stop_work_s=stop_work_s,
         )
     except InvalidTimingError as exc:
-        flags = ", ".join(f"--{name.replace('_', '-')}" for name in exc.settings)
+        flag_of = {"stop_work": "kill_grace"}
+        flags = ", ".join(f"--{flag_of.get(name, name).replace('_', '-')}" for name in exc.settings)
         raise SettingsError(flags, str(exc)) from None
     redis_settings = RedisSettings(
         url=redis_url, password_file=redis_password_file, request_timeout_s=timing.request_timeout_s
@@ -141,11 +315,14 @@ def build_settings(
     except ValueError as exc:
         raise SettingsError("--log-format/--log-level", str(exc)) from None
     return Settings(
-        lock=lock,
+        locks=locks,
         identity=identity,
         redis=redis_settings,
         timing=timing,
         http=http,
         logs=logs,
         exit_on_loss=exit_on_loss,
+        priority=priority,
+        leader_file=leader_file,
+        exec=exec_settings,
     )

@@ -12,7 +12,7 @@ import dataclasses
 import ipaddress
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -107,7 +107,7 @@ def _error_middleware(logger: logging.Logger) -> Middleware:
 
 def make_http_app(
     *,
-    status: StatusProvider,
+    status: StatusProvider | Sequence[StatusProvider],
     registry: CollectorRegistry,
     liveness_grace_s: float,
     readiness_window_s: float,
@@ -117,37 +117,63 @@ def make_http_app(
 
     `liveness_grace_s`: how far past `cycle_due_by` the loop may be before liveness fails.
     `readiness_window_s`: how old the last successful Redis exchange may be while ready.
+    With several locks (one status provider each), liveness and readiness need every election
+    to pass, and `/leader` needs `?lock=NAME`.
     """
     log = logging.getLogger("elector.http") if logger is None else logger
+    providers = [status] if callable(status) else list(status)
+    if not providers:
+        raise ValueError("make_http_app needs at least one status provider")
+
+    def named(snapshot: ElectionStatus, reason: str) -> str:
+        return reason if len(providers) == 1 else f"lock {snapshot.lock!r}: {reason}"
 
     async def healthz(request: web.Request) -> web.Response:
-        snapshot = status()
-        if not snapshot.started:
-            return _fail("the election loop has not started")
-        due_by = snapshot.cycle_due_by
-        if due_by is not None and snapshot.now > due_by + liveness_grace_s:
-            return _fail(f"the election loop is stuck: its cycle is {snapshot.now - due_by:.1f}s overdue")
+        for provider in providers:
+            snapshot = provider()
+            if not snapshot.started:
+                return _fail(named(snapshot, "the election loop has not started"))
+            due_by = snapshot.cycle_due_by
+            if due_by is not None and snapshot.now > due_by + liveness_grace_s:
+                overdue = snapshot.now - due_by
+                return _fail(
+                    named(snapshot, f"the election loop is stuck: its cycle is {overdue:.1f}s overdue")
+                )
         return _json({"status": "ok"})
 
     async def readyz(request: web.Request) -> web.Response:
-        snapshot = status()
-        if not snapshot.started:
-            return _fail("the election loop has not started")
-        last_ok = snapshot.last_backend_ok_at
-        if last_ok is None:
-            return _fail("no successful Redis exchange yet")
-        age_s = snapshot.now - last_ok
-        if age_s > readiness_window_s:
-            return _fail(f"no successful Redis exchange for {age_s:.1f}s")
+        for provider in providers:
+            snapshot = provider()
+            if not snapshot.started:
+                return _fail(named(snapshot, "the election loop has not started"))
+            last_ok = snapshot.last_backend_ok_at
+            if last_ok is None:
+                return _fail(named(snapshot, "no successful Redis exchange yet"))
+            age_s = snapshot.now - last_ok
+            if age_s > readiness_window_s:
+                return _fail(named(snapshot, f"no successful Redis exchange for {age_s:.1f}s"))
         return _json({"status": "ok"})
 
+    by_lock: dict[str, StatusProvider] = {}
+
     async def leader(request: web.Request) -> web.Response:
-        snapshot = status()
+        if not by_lock:
+            by_lock.update((provider().lock, provider) for provider in providers)
         asked = request.query.getall("lock", [])
-        unknown = [name for name in asked if name != snapshot.lock]
+        if not asked:
+            if len(providers) > 1:
+                reason = f"this daemon holds {len(providers)} locks: ask /leader?lock=NAME"
+                return _json({"status": "error", "reason": reason}, status=400)
+            asked = [next(iter(by_lock))]
+        unknown = [name for name in asked if name not in by_lock]
         if unknown:
             return _json({"status": "error", "reason": f"unknown lock {unknown[0]!r}"}, status=404)
-        return _json(_leader_body(snapshot), status=200 if snapshot.is_leader else 503)
+        snapshots = [by_lock[name]() for name in dict.fromkeys(asked)]
+        leading = all(snapshot.is_leader for snapshot in snapshots)
+        if len(snapshots) == 1:
+            return _json(_leader_body(snapshots[0]), status=200 if leading else 503)
+        body = {"is_leader": leading, "locks": [_leader_body(snapshot) for snapshot in snapshots]}
+        return _json(body, status=200 if leading else 503)
 
     app = web.Application(middlewares=[_error_middleware(log)])
     app.router.add_get("/healthz", healthz)

@@ -46,6 +46,7 @@ _ACQUIRE_RESULTS: dict[OutcomeKind, str] = {
     OutcomeKind.ACQUIRED: "acquired",
     OutcomeKind.HELD: "held",
     OutcomeKind.QUIET_PERIOD: "quiet_period",
+    OutcomeKind.STAND_BACK: "stand_back",
     OutcomeKind.ACQUIRE_ERROR: "error",
 }
 _RENEW_RESULTS: dict[OutcomeKind, str] = {
@@ -146,13 +147,15 @@ class MetricFamilies:
         )
         self.step_downs = Counter(
             "elector_step_downs_total",
-            "Times this process stopped leading, by reason (lost, renew_deadline, lease_expired, shutdown).",
+            "Times this process stopped leading, by reason (lost, renew_deadline, lease_expired, "
+            "shutdown, resigned, handoff, preempted).",
             ["lock", "reason"],
             registry=None,
         )
         self.acquire_attempts = Counter(
             "elector_acquire_attempts_total",
-            "Acquire requests sent while following, by result (acquired, held, quiet_period, error).",
+            "Acquire requests sent while following, by result (acquired, held, quiet_period, "
+            "stand_back, error).",
             ["lock", "result"],
             registry=None,
         )
@@ -257,7 +260,8 @@ class ElectionMetrics:
         if outcome.step_down_reason is not None:
             self._step_downs[outcome.step_down_reason].inc()
         acquire = self._acquires.get(kind)
-        if acquire is not None:
+        # A stand-back after resigning sends no request (no duration): not an attempt.
+        if acquire is not None and (kind is not OutcomeKind.STAND_BACK or outcome.duration_s is not None):
             acquire.inc()
         renewal = self._renewals.get(kind)
         if renewal is not None:

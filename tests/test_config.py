@@ -303,3 +303,83 @@ def test_bad_url_query_option_is_an_invalid_setting() -> None:
     with pytest.raises(SettingsError) as caught:
         _settings(redis_url="redis://127.0.0.1:1/0?socket_timeout=abc")
     assert caught.value.setting == "--redis-url"
+
+
+# -- many locks, exec mode, leader file ----------------------------------------------------------
+
+
+def test_several_locks_and_a_locks_file(tmp_path: Path) -> None:
+    listing = tmp_path / "locks"
+    listing.write_text("# nightly jobs\nreport-a\n\n  report-b  # the second\n")
+    settings = build_settings(lock=["main"], locks_file=listing, identity="pod", redis_url=UNREACHABLE_URL)
+    assert settings.locks == ("main", "report-a", "report-b")
+    assert settings.lock == "main"
+
+
+def test_a_bad_name_in_the_locks_file_names_file_and_line(tmp_path: Path) -> None:
+    listing = tmp_path / "locks"
+    listing.write_text("ok\nnot ok\n")
+    with pytest.raises(SettingsError, match=r"--locks-file: .*locks:2: .*'not ok'"):
+        build_settings(lock=[], locks_file=listing, identity="pod", redis_url=UNREACHABLE_URL)
+
+
+def test_no_lock_at_all_is_refused() -> None:
+    with pytest.raises(SettingsError, match="--lock: give at least one lock name"):
+        build_settings(lock=[], identity="pod", redis_url=UNREACHABLE_URL)
+
+
+@pytest.mark.parametrize(
+    ("ttl_s", "expected_grace_s"),
+    [(10.0, 2.0), (3.0, 0.6), (1.0, 0.2)],
+)
+def test_exec_mode_default_kill_grace_is_a_fifth_of_the_ttl_and_counts_in_the_margin(
+    ttl_s: float, expected_grace_s: float
+) -> None:
+    settings = build_settings(
+        lock="x", identity="pod", redis_url=UNREACHABLE_URL, ttl_s=ttl_s, command=["true"]
+    )
+    assert settings.exec is not None
+    assert settings.exec.kill_grace_s == pytest.approx(expected_grace_s)
+    timing = settings.timing
+    # The command is gone (grace + reap slack) before the lease can expire on Redis.
+    assert timing.renew_deadline_s + timing.safety_margin_s <= timing.ttl_s
+    assert timing.stop_work_s == pytest.approx(expected_grace_s + 0.1)
+
+
+def test_default_kill_grace_shrinks_to_fit_a_late_renew_deadline() -> None:
+    settings = build_settings(
+        lock="x",
+        identity="pod",
+        redis_url=UNREACHABLE_URL,
+        ttl_s=10.0,
+        renew_deadline_s=8.5,
+        command=["true"],
+    )
+    assert settings.exec is not None
+    assert settings.exec.kill_grace_s == pytest.approx(10 - 8.5 - 0.1 - 0.005 - 0.1)
+
+
+def test_kill_grace_that_does_not_fit_says_how_much_does() -> None:
+    with pytest.raises(
+        SettingsError, match=r"--kill-grace: a kill grace of 5000ms does not fit.* at most 3128ms"
+    ):
+        build_settings(
+            lock="x",
+            identity="pod",
+            redis_url=UNREACHABLE_URL,
+            ttl_s=10.0,
+            kill_grace_s=5.0,
+            command=["true"],
+        )
+
+
+def test_leader_file_template_is_filled_per_lock(tmp_path: Path) -> None:
+    settings = build_settings(
+        lock=["a", "team/b"],
+        identity="pod",
+        redis_url=UNREACHABLE_URL,
+        leader_file=str(tmp_path / "{lock}.json"),
+    )
+    assert settings.leader_file_for("team/b") == tmp_path / "team_b.json"
+    # A leader file adds its update to the stop-work time.
+    assert settings.timing.stop_work_s == pytest.approx(0.1)

@@ -170,11 +170,15 @@ def test_the_daemons_export_the_documented_label_values(exported: Exported) -> N
         "renew_deadline",
         "lease_expired",
         "shutdown",
+        "resigned",
+        "handoff",
+        "preempted",
     }
     assert exported.labels["elector_acquire_attempts_total"]["result"] == {
         "acquired",
         "held",
         "quiet_period",
+        "stand_back",
         "error",
     }
     assert exported.labels["elector_renewals_total"]["result"] == {"ok", "lost", "error"}
