@@ -1,0 +1,445 @@
+"""The asyncio library API against real redis-server processes, in real time, with faults.
+
+Every Elector of a test shares this process's monotonic clock, so "the body was cancelled before
+the lease could expire" is a comparison of loop times: the cancellation against the key's expiry
+as Redis reports it (a PTTL read sent at `t` puts the expiry no earlier than `t + PTTL`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import subprocess
+import sys
+import warnings
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import redis.asyncio
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff, NoBackoff
+
+import elector
+from elector import Elector, ElectorConfigError, Leadership, LeadershipLost, StepDownReason
+from tests.support.seed import seed_used_lock_async
+from tests.support.tcp_proxy import TcpProxy
+
+TTL_S = 1.0
+LOCK = "jobs"
+OTHER_LOCK = "reports"
+KEY = f"elector:{{{LOCK}}}:lease"
+
+
+@pytest.fixture
+async def raw(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
+    client = redis.asyncio.Redis.from_url(redis_url)
+    for lock in (LOCK, OTHER_LOCK):
+        await seed_used_lock_async(client, lock)  # skip the new-lock quiet period
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def make(redis_url: str, raw: redis.asyncio.Redis) -> AsyncIterator[Callable[..., Elector]]:
+    made: list[Elector] = []
+
+    def _make(identity: str, *, lock: str = LOCK, redis: Any = redis_url, **kwargs: Any) -> Elector:
+        kwargs.setdefault("ttl_s", TTL_S)
+        made.append(Elector(lock, redis=redis, identity=identity, **kwargs))
+        return made[-1]
+
+    yield _make
+    for item in made:
+        async with asyncio.timeout(5):
+            await item.aclose()
+
+
+@pytest.fixture
+async def spawn(make) -> AsyncIterator[Callable[..., Body]]:
+    """Start bodies; those still running at the end are cancelled before the Electors close."""
+    bodies: list[Body] = []
+
+    def _spawn(e: Elector, **kwargs: Any) -> Body:
+        bodies.append(Body(e, **kwargs))
+        return bodies[-1]
+
+    yield _spawn
+    for body in bodies:
+        body.task.cancel()
+    await asyncio.gather(*(body.task for body in bodies), return_exceptions=True)
+
+
+def quiet_client(url: str) -> redis.asyncio.Redis:
+    """A user's own client, configured the way the Elector docs ask: no retries."""
+    return redis.asyncio.Redis.from_url(url, retry=Retry(NoBackoff(), 0))
+
+
+class Body:
+    """The body of one `async with elector.leadership()` block, in a task, with its timeline."""
+
+    def __init__(self, e: Elector, *, hold_s: float = math.inf, unwind_s: float = 0.0, **kwargs: Any) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.entered = asyncio.Event()
+        self.lease: Leadership | None = None
+        self.entered_at = self.cancelled_at = self.unwound_at = self.exited_at = math.nan
+        self.valid_until = math.nan  # the last `now + remaining()` the body saw
+        self.task = asyncio.create_task(self._run(e, hold_s, unwind_s, kwargs))
+
+    async def _run(self, e: Elector, hold_s: float, unwind_s: float, kwargs: dict[str, Any]) -> None:
+        async with e.leadership(**kwargs) as lease:
+            self.lease, self.entered_at = lease, self.loop.time()
+            self.entered.set()
+            try:
+                while self.loop.time() < self.entered_at + hold_s:
+                    self.valid_until = self.loop.time() + lease.remaining()
+                    await asyncio.sleep(0.005)
+            except asyncio.CancelledError:
+                self.cancelled_at = self.loop.time()
+                await asyncio.sleep(unwind_s)  # leader work taking its time to stop
+                self.unwound_at = self.loop.time()
+                raise
+        self.exited_at = self.loop.time()
+
+    async def lost(self) -> LeadershipLost:
+        with pytest.raises(LeadershipLost) as info:
+            async with asyncio.timeout(5):
+                await self.task
+        return info.value
+
+
+async def wait_entered(*bodies: Body, timeout_s: float = 3.0) -> Body:
+    """The first of `bodies` to enter its block."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            for body in bodies:
+                if body.entered.is_set():
+                    return body
+            await asyncio.sleep(0.005)
+
+
+async def test_two_electors_on_one_lock_run_exactly_one_body(spawn, make) -> None:
+    a, b = make("a"), make("b")
+    await a.start()
+    await b.start()
+    bodies = [spawn(a, resign_on_exit=False), spawn(b, resign_on_exit=False)]
+    await wait_entered(*bodies)
+    samples = []
+    for _ in range(150):
+        samples.append(sum(body.entered.is_set() for body in bodies))
+        await asyncio.sleep(0.01)
+    assert samples == [1] * 150
+    [leader] = [e for e in (a, b) if e.is_leader]
+    [body] = [body for body in bodies if body.entered.is_set()]
+    assert body.lease is not None
+    assert (body.lease.lock, body.lease.identity) == (LOCK, leader.identity)
+    assert 0 < body.lease.remaining() <= TTL_S
+    assert leader.status().fencing_token == body.lease.fencing_token
+
+
+@pytest.mark.parametrize("tamper", ["delete", "overwrite"])
+async def test_a_lease_taken_behind_the_leaders_back_cancels_its_body(spawn, make, raw, tamper: str) -> None:
+    a = make("a")
+    await a.start()
+    body = spawn(a)
+    await wait_entered(body)
+    await asyncio.sleep(0.1)
+    if tamper == "delete":
+        await raw.delete(KEY)
+    else:
+        await raw.set(KEY, '{"identity":"intruder","fencing_token":99,"token":"t"}', px=60_000)
+    lost = await body.lost()
+    assert lost.reason is StepDownReason.LOST
+    assert lost.lock == LOCK and body.lease is not None and lost.fencing_token == body.lease.fencing_token
+    assert isinstance(lost.__cause__, asyncio.CancelledError)
+    assert body.cancelled_at < body.valid_until  # at the next renewal, well inside the validity
+    assert body.lease.remaining() == 0.0 and not body.lease.active
+    assert not a.is_leader
+
+
+async def test_a_leader_cut_from_redis_is_cancelled_before_its_key_expires(
+    spawn, make, raw, tcp_proxy: TcpProxy
+) -> None:
+    loop = asyncio.get_running_loop()
+    a = make("a", redis=tcp_proxy.url)
+    await a.start()
+    leader = spawn(a)
+    await wait_entered(leader)
+    b = make("b")
+    await b.start()
+    follower = spawn(b)
+    expiries: list[float] = []
+
+    async def watch_the_key() -> None:
+        while True:
+            sent = loop.time()
+            async with raw.pipeline(transaction=True) as pipe:
+                value, pttl = await pipe.get(KEY).pttl(KEY).execute()
+            if value and json.loads(value)["identity"] == "a" and pttl > 0:
+                expiries.append(sent + pttl / 1000)  # a's lease expires no earlier than this
+            await asyncio.sleep(0.005)
+
+    watcher = asyncio.create_task(watch_the_key())
+    await asyncio.sleep(0.4)
+    tcp_proxy.blackhole()
+    lost = await leader.lost()
+    await wait_entered(follower, timeout_s=2)
+    watcher.cancel()
+    assert lost.reason is StepDownReason.RENEW_DEADLINE
+    key_expired_at = max(expiries)
+    assert leader.cancelled_at < key_expired_at - a.timing.stop_work_s  # room left to stop the work
+    assert leader.cancelled_at < leader.valid_until
+    assert follower.entered_at >= key_expired_at - 0.002  # the follower never overlapped
+    assert follower.lease is not None and leader.lease is not None
+    assert follower.lease.fencing_token > leader.lease.fencing_token
+
+
+@pytest.mark.parametrize(("unwind_s", "waited"), [(0.1, True), (0.6, False)])
+async def test_a_step_down_waits_for_the_body_up_to_stop_work_s(
+    spawn, make, caplog: pytest.LogCaptureFixture, unwind_s: float, waited: bool
+) -> None:
+    a = make("a", stop_work_s=0.25)
+    await a.start()
+    leader = spawn(a, unwind_s=unwind_s)
+    await wait_entered(leader)
+    b = make("b")
+    await b.start()
+    follower = spawn(b)
+    await asyncio.sleep(0.1)
+    closing = asyncio.create_task(a.aclose())
+    lost = await leader.lost()
+    await wait_entered(follower)
+    await closing
+    assert lost.reason is StepDownReason.SHUTDOWN
+    if waited:  # released once the body was done, and handed over at once
+        assert leader.unwound_at < follower.entered_at < leader.unwound_at + 0.1
+    else:  # released at stop_work_s; the body's overrun is logged
+        assert follower.entered_at < leader.unwound_at
+        assert follower.entered_at - leader.cancelled_at == pytest.approx(0.25, abs=0.1)
+        assert "did not stop within stop_work_s" in caplog.text
+
+
+async def test_a_body_that_returns_resigns_and_the_other_elector_takes_over(spawn, make, raw) -> None:
+    a, b = make("a"), make("b")
+    await a.start()
+    first = spawn(a, hold_s=0.3)
+    await wait_entered(first)
+    await b.start()
+    second = spawn(b, resign_on_exit=False)
+    async with asyncio.timeout(2):
+        await first.task  # returns after the release went out
+    assert not a.is_leader
+    await wait_entered(second, timeout_s=0.2)
+    assert second.entered_at - first.exited_at < 0.1  # the release announcement, not the ttl
+    assert first.lease is not None and second.lease is not None
+    assert second.lease.fencing_token > first.lease.fencing_token
+    await asyncio.sleep(TTL_S)  # a stands back and does not grab the lock from b
+    assert b.is_leader and not a.is_leader and not second.task.done()
+
+
+async def test_a_higher_priority_elector_preempts_the_leaders_body(spawn, make) -> None:
+    low, high = make("low"), make("high", priority=5)
+    await low.start()
+    leader = spawn(low)
+    await wait_entered(leader)
+    await high.start()
+    rival = spawn(high)
+    lost = await leader.lost()
+    await wait_entered(rival)
+    assert lost.reason is StepDownReason.PREEMPTED
+    assert rival.entered_at - leader.cancelled_at < 0.1  # released to the rival at once
+    assert leader.lease is not None and rival.lease is not None
+    assert rival.lease.fencing_token > leader.lease.fencing_token
+
+
+async def test_keeping_the_lead_after_the_block_and_new_terms_with_higher_tokens(make) -> None:
+    a = make("a")
+    await a.start()
+    async with a.leadership(resign_on_exit=False) as first:
+        pass
+    assert a.is_leader and first.active
+    async with a.leadership(stand_back_s=0.05) as same:
+        assert same is first  # still the same term
+    assert not first.active and first.end_reason is StepDownReason.RESIGNED
+    async with asyncio.timeout(2):
+        later = await a.wait_for_leadership()  # nobody else: leads again after standing back
+    assert later.fencing_token > first.fencing_token
+
+
+async def test_callbacks_come_in_order_once_per_term_and_failures_are_contained(
+    make, caplog: pytest.LogCaptureFixture
+) -> None:
+    events: list[tuple[str, object]] = []
+
+    def new_leader(identity: str | None) -> None:
+        events.append(("new_leader", identity))
+        raise RuntimeError("a broken callback")
+
+    async def started(lease: Leadership) -> None:
+        await asyncio.sleep(0.01)
+        events.append(("started", lease.fencing_token))
+
+    async def stopped(reason: StepDownReason) -> None:
+        events.append(("stopped", reason))
+
+    a = make("a", on_new_leader=new_leader, on_started_leading=started, on_stopped_leading=stopped)
+    await a.start()
+    async with a.leadership(stand_back_s=0.05):
+        pass
+    async with a.leadership(resign_on_exit=False):
+        pass
+    await a.aclose()
+    tokens = [arg for kind, arg in events if kind == "started"]
+    assert len(tokens) == 2 and tokens[0] < tokens[1]
+    assert [kind for kind, _ in events if kind != "new_leader"] == ["started", "stopped"] * 2
+    assert [arg for kind, arg in events if kind == "stopped"] == [
+        StepDownReason.RESIGNED,
+        StepDownReason.SHUTDOWN,
+    ]
+    for index, (kind, _) in enumerate(events):
+        if kind == "started":
+            assert events[index - 1] == ("new_leader", "a")  # told who leads, then that it is us
+    assert "on_new_leader callback failed" in caplog.text
+
+
+async def test_on_stopped_leading_is_called_at_close_even_when_never_led(make) -> None:
+    a = make("a")
+    await a.start()
+    await a.wait_for_leadership()
+    calls: list[object] = []
+    b = make(
+        "b", on_stopped_leading=calls.append, on_started_leading=calls.append, on_new_leader=calls.append
+    )
+    await b.start()
+    await asyncio.sleep(0.2)
+    await b.aclose()
+    assert calls == ["a", StepDownReason.SHUTDOWN]
+
+
+async def test_an_outside_cancellation_propagates_as_cancelled_error(spawn, make) -> None:
+    a, b = make("a"), make("b")
+    await a.start()
+    body = spawn(a)
+    await wait_entered(body)
+    await b.start()
+    body.task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await body.task
+    assert body.task.cancelled()
+    async with asyncio.timeout(0.5):
+        await b.wait_for_leadership()  # the cancelled body resigned as it left
+
+
+async def test_an_outside_cancellation_during_a_loss_still_propagates(spawn, make, raw) -> None:
+    holder: list[asyncio.Task[None]] = []
+    a = make("a", on_stopped_leading=lambda reason: holder[0].cancel())
+    await a.start()
+    body = spawn(a, unwind_s=0.2)  # still unwinding when the callback cancels it as well
+    holder.append(body.task)
+    await wait_entered(body)
+    await raw.delete(KEY)
+    with pytest.raises(asyncio.CancelledError):
+        async with asyncio.timeout(3):
+            await body.task
+    assert not math.isnan(body.cancelled_at) and math.isnan(body.unwound_at)
+
+
+async def test_the_users_client_is_left_open_and_ours_is_closed(make, redis_url: str, raw) -> None:
+    client = quiet_client(redis_url)
+    closed: list[bool] = []
+
+    async def no_close(*args: Any, **kwargs: Any) -> None:
+        closed.append(True)
+
+    client.aclose = no_close  # type: ignore[method-assign]
+    async with Elector(LOCK, redis=client, identity="user", ttl_s=TTL_S) as mine:
+        await mine.wait_for_leadership()
+    async with Elector(OTHER_LOCK, redis=redis_url, identity="url", ttl_s=TTL_S) as built:
+        await built.wait_for_leadership()
+        assert "elector:reports:url" in {c["name"] for c in await raw.client_list()}
+    assert not closed and await client.ping()
+    assert "elector:reports:url" not in {c["name"] for c in await raw.client_list()}
+    await redis.asyncio.Redis.aclose(client)
+
+
+async def test_two_locks_in_one_program_on_one_client(spawn, make, redis_url: str) -> None:
+    client = quiet_client(redis_url)
+    try:
+        jobs, reports = make("p", redis=client), make("p", lock=OTHER_LOCK, redis=client)
+        await jobs.start()
+        await reports.start()
+        bodies = [spawn(jobs), spawn(reports)]
+        async with asyncio.timeout(2):
+            await asyncio.gather(*(body.entered.wait() for body in bodies))
+        assert jobs.is_leader and reports.is_leader
+        assert [body.lease.lock for body in bodies if body.lease] == [LOCK, OTHER_LOCK]
+        await jobs.aclose()
+        assert (await bodies[0].lost()).reason is StepDownReason.SHUTDOWN
+        assert reports.is_leader and not bodies[1].task.done()
+    finally:
+        await client.aclose()
+
+
+async def test_a_client_with_retries_is_warned_about(redis_url: str) -> None:
+    client = redis.asyncio.Redis.from_url(redis_url, retry=Retry(ExponentialBackoff(), 3))
+    with pytest.warns(RuntimeWarning, match="3 retries"):
+        Elector(LOCK, redis=client, identity="a")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Elector(LOCK, redis=quiet_client(redis_url), identity="a")
+    await client.aclose()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "parameter", "text"),
+    [
+        ({"ttl_s": 0.1}, "ttl_s", "at least 500ms"),
+        ({"ttl_s": "10s"}, "ttl_s", "number of seconds"),
+        ({"ttl_s": math.nan}, "ttl_s", "number of seconds"),
+        ({"renew_deadline_s": 12.0}, "ttl_s, renew_deadline_s", "longer than the renew deadline"),
+        ({"renew_interval_s": 8.0}, "renew_deadline_s, renew_interval_s", "defaults to 2/3"),
+        ({"request_timeout_s": 5.0}, "request_timeout_s, renew_interval_s", "shorter than the renew"),
+        ({"stop_work_s": 4.0}, "renew_deadline_s, ttl_s", "stop-work time"),
+        ({"stop_work_s": -1.0}, "stop_work_s", "must not be negative"),
+        ({"lock": "no spaces"}, "lock", "not a valid lock name"),
+        ({"identity": ""}, "identity", "1-253 characters"),
+        ({"redis": "http://redis:6379"}, "redis", "must start with redis://"),
+        ({"redis": "redis://r:6379/0?socket_timeout=9"}, "redis", "not supported"),
+        ({"redis": 6379}, "redis", "a URL or a redis.asyncio.Redis"),
+        ({"priority": "high"}, "priority", "must be an int"),
+        ({"key_prefix": "a{b}"}, "key_prefix", "without braces"),
+    ],
+)
+def test_bad_parameters_raise_naming_the_parameter(kwargs: dict[str, Any], parameter: str, text: str) -> None:
+    arguments: dict[str, Any] = {"lock": LOCK, "redis": "redis://localhost:6379/0", "identity": "a"}
+    with pytest.raises(ElectorConfigError) as info:
+        Elector(**(arguments | kwargs))
+    assert isinstance(info.value, ValueError)
+    assert info.value.parameter == parameter
+    assert text in str(info.value) and str(info.value).startswith(f"{parameter}: ")
+
+
+async def test_a_client_decoding_responses_and_misuse_are_refused(redis_url: str) -> None:
+    client = redis.asyncio.Redis.from_url(redis_url, decode_responses=True, retry=Retry(NoBackoff(), 0))
+    with pytest.raises(ElectorConfigError, match="decode_responses"):
+        Elector(LOCK, redis=client, identity="a")
+    await client.aclose()
+    e = Elector(LOCK, redis=redis_url, identity="a")
+    with pytest.raises(ElectorConfigError, match="stand_back_s"):
+        e.leadership(stand_back_s=-1)
+    with pytest.raises(RuntimeError, match="not running"):
+        async with e.leadership():
+            pass
+    with pytest.raises(RuntimeError, match="not started"):
+        e.status()
+
+
+def test_the_package_exports_the_api_lazily() -> None:
+    probe = "import sys, elector; print(sorted(m for m in ('redis', 'elector.api') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True)
+    assert done.stdout == "[]\n"  # `import elector` stays cheap for the CLI
+    assert elector.Elector is Elector and elector.StepDownReason is StepDownReason
+    assert elector.FencedStore.__name__ == "FencedStore"
+    with pytest.raises(AttributeError):
+        _ = elector.NoSuchName  # type: ignore[attr-defined]
