@@ -21,6 +21,8 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from elector.backend import RedisLeaseBackend, make_client, redact_url
+from elector.backend.hub import EventHub
+from elector.backend.pipeline import ScriptBatcher
 from elector.config import Settings
 from elector.election import CycleOutcome, Election, ElectionHooks, ElectionStatus, State, StepDownReason
 from elector.exec_mode import ExecMode
@@ -57,7 +59,13 @@ class LockElection:
         self._extra_stopped = on_stopped_leading
         self._file_due = asyncio.Event()
         self._file_lock = asyncio.Lock()
-        backend = RedisLeaseBackend(daemon.client, lock=lock, key_prefix=settings.redis.key_prefix)
+        backend = RedisLeaseBackend(
+            daemon.client,
+            lock=lock,
+            key_prefix=settings.redis.key_prefix,
+            hub=daemon.event_hub,
+            batcher=daemon.batcher,
+        )
         self.log = make_logger("elector", context=self.log_context)
         leader_file = settings.leader_file_for(lock)
         self.leader_file = (
@@ -174,6 +182,14 @@ class Daemon:
         self.locks: list[LockElection] = []
         name = settings.lock if len(settings.locks) == 1 else f"{len(settings.locks)}-locks"
         self.client = make_client(settings.redis, client_name=f"elector:{name}:{settings.identity}")
+        # Every lock shares one pub/sub connection, and requests that fall due together (1,000
+        # locks started at once renew together) go out as one pipeline.
+        self.event_hub = EventHub(
+            self.client,
+            keepalive_s=max(60.0, 6 * settings.timing.ttl_s),
+            request_timeout_s=settings.timing.request_timeout_s,
+        )
+        self.batcher = ScriptBatcher(self.client)
         self.log = make_logger("elector", context=self._log_context)
         register_process_metrics(self.registry)
         families = MetricFamilies(self.registry)
@@ -248,10 +264,11 @@ class Daemon:
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_stop, sig.name)
-        if self.exec_mode is not None:
+        if self.exec_mode is not None or os.getpid() == 1:
             # Orphans of the command (a `sh -c` whose shell died) are re-parented to us, not to
             # init, so that they can be found, killed and reaped; as PID 1 we reap every orphan.
-            become_subreaper()
+            if self.exec_mode is not None:
+                become_subreaper()
             self._reaper = OrphanReaper(exclude=lambda: self.exec_mode.child_pid if self.exec_mode else None)
             await self._reaper.start()
         self.log.info(
@@ -288,6 +305,10 @@ class Daemon:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
             await self.http.stop()
+            with contextlib.suppress(Exception):
+                await self.batcher.aclose()
+            with contextlib.suppress(Exception):
+                await self.event_hub.aclose()
             with contextlib.suppress(Exception):
                 await self.client.aclose()
         self.log.info("stopped", exit_code=self.exit_code)

@@ -1,0 +1,110 @@
+"""One daemon, many locks; and preferred leaders by priority. Real daemons on a real Redis."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.support.daemon import DaemonProcess, wait_until
+from tests.support.seed import seed_used_lock
+
+LOCKS = [f"job-{i:03d}" for i in range(100)]
+
+
+@pytest.fixture
+def plain(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def daemon(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
+    started: list[DaemonProcess] = []
+
+    def _start(identity: str, *extra_args: str, lock: str = "jobs", ttl: str = "1s") -> DaemonProcess:
+        process = DaemonProcess(
+            redis_url=redis_url, identity=identity, log_dir=tmp_path, lock=lock, ttl=ttl, extra_args=extra_args
+        ).start()
+        started.append(process)
+        process.wait_http()
+        return process
+
+    yield _start
+    for process in started:
+        process.stop()
+
+
+def leading(metrics_text: str) -> set[str]:
+    return set(re.findall(r'^elector_is_leader\{lock="([^"]+)"\} 1\.0$', metrics_text, re.M))
+
+
+def test_one_daemon_holds_a_hundred_locks_with_its_own_series_endpoint_and_file_each(
+    daemon, plain, tmp_path: Path
+) -> None:
+    for lock in LOCKS:
+        seed_used_lock(plain, lock=lock)
+    listing = tmp_path / "locks.txt"
+    listing.write_text("\n".join(LOCKS[1:]) + "\n")
+    files = tmp_path / "leader"
+    files.mkdir()
+    a = daemon("a", "--locks-file", str(listing), "--leader-file", str(files / "{lock}.json"), lock=LOCKS[0])
+    wait_until(lambda: leading(a.metrics()) == set(LOCKS), timeout_s=5)
+
+    status, body = a.get("/leader?lock=job-057")
+    assert status == 200 and json.loads(body)["lock"] == "job-057"
+    assert a.get("/leader")[0] == 400  # which lock? the answer must not guess
+    assert a.get("/leader?lock=nope")[0] == 404
+    assert a.get("/readyz")[0] == 200 and a.get("/healthz")[0] == 200
+    wait_until(lambda: len(list(files.glob("*.json"))) == 100, timeout_s=2)
+
+    def documents() -> list[dict[str, object]]:
+        return [json.loads(path.read_text()) for path in sorted(files.glob("*.json"))]
+
+    wait_until(lambda: all(document["is_leader"] for document in documents()), timeout_s=2)
+    assert documents()[57]["lock"] == "job-057"
+
+    # One connection pool and one subscriber connection for all hundred locks.
+    clients = plain.client_list()
+    names = [c for c in clients if c.get("name", "").startswith("elector:")]
+    assert len([c for c in names if int(c.get("sub", 0)) > 0]) == 1
+    assert len(names) <= 16  # a few pipelines may be in flight at once, never one per lock
+
+    b = daemon("b", "--locks-file", str(listing), lock=LOCKS[0])
+    time.sleep(1.0)
+    assert leading(b.metrics()) == set()
+    a.signal(signal.SIGTERM)
+    assert a.wait(timeout_s=10) == 0
+    handed_over_at = time.monotonic()
+    wait_until(lambda: leading(b.metrics()) == set(LOCKS), timeout_s=3)
+    # Released, not left to expire: far quicker than the 1 s ttl.
+    assert time.monotonic() - handed_over_at < 1.0
+    document = json.loads((files / "job-057.json").read_text())
+    assert document["is_leader"] is False and document["state"] == "stopped"
+
+
+def test_a_higher_priority_candidate_takes_over_once_and_leadership_never_flaps(daemon, plain) -> None:
+    seed_used_lock(plain)
+    low = daemon("low", "--priority", "1")
+    wait_until(low.is_leader, timeout_s=3)
+    equal = daemon("equal", "--priority", "1")
+    time.sleep(2.5)
+    assert low.is_leader() and not equal.is_leader()  # equal priority never pre-empts
+    joined = time.monotonic()
+    high = daemon("high", "--priority", "5")
+    wait_until(high.is_leader, timeout_s=4)
+    # Seen for a whole ttl first (plus up to a renew interval and start-up).
+    assert time.monotonic() - joined >= 1.0
+    time.sleep(4.0)
+    assert high.is_leader() and not low.is_leader() and not equal.is_leader()
+    transitions = re.findall(r'^elector_leader_transitions_total\{lock="jobs"\} (\S+)$', high.metrics(), re.M)
+    assert transitions == ["1.0"]
+    reasons = re.findall(r'elector_step_downs_total\{lock="jobs",reason="preempted"\} (\S+)', low.metrics())
+    assert reasons == ["1.0"]
