@@ -31,7 +31,7 @@ from elector.leader_file import LeaderFileWriter
 from elector.lease import Lease
 from elector.logs import OutcomeLogger, configure_logging, make_logger
 from elector.metrics import ElectionMetrics, MetricFamilies, register_process_metrics
-from elector.supervisor import OrphanReaper, become_subreaper
+from elector.supervisor import ChildRegistry, OrphanReaper, become_subreaper
 
 #: How long a leadership hook waits for the leader file before going on without it, seconds.
 LEADER_FILE_HOOK_WAIT_S = 0.1
@@ -194,9 +194,13 @@ class Daemon:
         register_process_metrics(self.registry)
         families = MetricFamilies(self.registry)
         self.exec_mode: ExecMode | None = None
+        # Shared by the command's supervisor and the orphan reaper: neither reaps the other's.
+        self._children = ChildRegistry()
         hooks: dict[str, Callable[..., Awaitable[None]]] = {}
         if settings.exec is not None:
-            self.exec_mode = ExecMode(settings.exec, log=self.log, request_exit=self._command_exit)
+            self.exec_mode = ExecMode(
+                settings.exec, log=self.log, request_exit=self._command_exit, children=self._children
+            )
             hooks = {
                 "on_started_leading": self.exec_mode.on_started_leading,
                 "on_stopped_leading": self.exec_mode.on_stopped_leading,
@@ -269,7 +273,9 @@ class Daemon:
             # init, so that they can be found, killed and reaped; as PID 1 we reap every orphan.
             if self.exec_mode is not None:
                 become_subreaper()
-            self._reaper = OrphanReaper(exclude=lambda: self.exec_mode.child_pid if self.exec_mode else None)
+            self._reaper = OrphanReaper(
+                children=self._children, exclude=lambda: self.exec_mode.child_pid if self.exec_mode else None
+            )
             await self._reaper.start()
         self.log.info(
             "started",

@@ -23,7 +23,7 @@ import structlog
 from elector.config import ChildExitPolicy, ExecSettings
 from elector.election import Election, StepDownReason
 from elector.lease import Lease
-from elector.supervisor import ChildExit, ChildStartError, ChildSupervisor
+from elector.supervisor import ChildExit, ChildRegistry, ChildStartError, ChildSupervisor
 
 #: Exit code reported for a command that could not be started (as a shell does).
 EXIT_CANNOT_START = 127
@@ -81,12 +81,17 @@ class ExecMode:
         *,
         log: structlog.stdlib.BoundLogger,
         request_exit: Callable[[int], None],
+        children: ChildRegistry,
     ) -> None:
         self._settings = settings
         self._log = log
         self._request_exit = request_exit
         self._supervisor = ChildSupervisor(
-            settings.command, kill_grace_s=settings.kill_grace_s, on_exit=self._child_exited, logger=log
+            settings.command,
+            kill_grace_s=settings.kill_grace_s,
+            on_exit=self._child_exited,
+            children=children,
+            logger=log,
         )
         self._election: Election | None = None
         self._lease: Lease | None = None

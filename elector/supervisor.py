@@ -154,16 +154,17 @@ def _all_procs() -> list[_Proc]:
     return [proc for name in names if name.isdigit() and (proc := _read_proc(int(name))) is not None]
 
 
-class _OwnChildren:
-    """The children asyncio waits for for a supervisor (no one else may reap them), and how many
-    spawns are in flight (whose pids are not known yet)."""
+class ChildRegistry:
+    """The children asyncio waits for on behalf of supervisors (no one else may reap them), and
+    how many spawns are in flight (whose pids are not known yet).
+
+    Reaping is process-wide, so a supervisor and an `OrphanReaper` of one process must share one
+    registry: pass the same object to both.
+    """
 
     def __init__(self) -> None:
         self.waited: set[int] = set()
         self.spawning = 0
-
-
-_OWN = _OwnChildren()
 
 
 def _send(pid: int, sig: int, *, group: bool = False) -> bool:
@@ -221,8 +222,10 @@ class ChildSupervisor:
         *,
         kill_grace_s: float,
         on_exit: Callable[[ChildExit], None],
+        children: ChildRegistry | None = None,
         logger: SupervisorLogger | None = None,
     ) -> None:
+        self._children = ChildRegistry() if children is None else children
         if not command:
             raise ValueError("the command is empty")
         if not (math.isfinite(kill_grace_s) and kill_grace_s >= 0):
@@ -265,7 +268,7 @@ class ChildSupervisor:
             done.set()
 
     async def _spawn(self, env: Mapping[str, str]) -> None:
-        _OWN.spawning += 1
+        self._children.spawning += 1
         try:
             me = os.getpid()
             foreign = frozenset(proc.pid for proc in _all_procs() if proc.ppid == me)
@@ -276,12 +279,12 @@ class ChildSupervisor:
                 env=env,
                 start_new_session=True,
             )
-            _OWN.waited.add(process.pid)
+            self._children.waited.add(process.pid)
         except (OSError, ValueError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise ChildStartError(f"cannot start {self.command[0]!r}: {reason}") from exc
         finally:
-            _OWN.spawning -= 1
+            self._children.spawning -= 1
         info = _read_proc(process.pid)
         run = _Run(process, started_at, info.start_ticks if info is not None else 0, foreign)
         run.watcher = asyncio.create_task(self._watch(run), name=f"elector-child-{process.pid}")
@@ -290,7 +293,7 @@ class ChildSupervisor:
     async def _watch(self, run: _Run) -> None:
         returncode = await run.process.wait()
         run.ended_at = time.monotonic()
-        _OWN.waited.discard(run.pid)
+        self._children.waited.discard(run.pid)
         run.exited.set()
         if run.stopping:
             return
@@ -364,7 +367,7 @@ class ChildSupervisor:
             me, alive = os.getpid(), []
             for proc in tree:
                 if not proc.alive:
-                    if proc.ppid == me and proc.pid != run.pid and proc.pid not in _OWN.waited:
+                    if proc.ppid == me and proc.pid != run.pid and proc.pid not in self._children.waited:
                         _reap(proc.pid)  # an orphan reparented to us: nobody else will
                     continue
                 alive.append(proc.pid)
@@ -394,7 +397,7 @@ class ChildSupervisor:
             or (
                 proc.ppid == me
                 and proc.pid not in run.foreign
-                and proc.pid not in _OWN.waited
+                and proc.pid not in self._children.waited
                 and proc.start_ticks >= run.start_ticks
             )
         ]
@@ -414,8 +417,10 @@ class OrphanReaper:
         *,
         sweep_interval_s: float = 5.0,
         exclude: Callable[[], int | Iterable[int] | None] | None = None,
+        children: ChildRegistry | None = None,
         logger: SupervisorLogger | None = None,
     ) -> None:
+        self._children = ChildRegistry() if children is None else children
         self.sweep_interval_s = sweep_interval_s
         self._exclude = exclude
         self.reaped_total = 0
@@ -471,7 +476,7 @@ class OrphanReaper:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self.sweep_interval_s)
             self._wake.clear()
-            if _OWN.spawning:
+            if self._children.spawning:
                 # A child is being forked, its pid not yet protected: look again right after.
                 await asyncio.sleep(_POLL_S)
                 self._wake.set()
@@ -480,10 +485,10 @@ class OrphanReaper:
 
     def sweep(self) -> tuple[int, ...]:
         """Reap the zombie children that nobody waits for now; their pids."""
-        if _OWN.spawning:
+        if self._children.spawning:
             return ()
         excluded = None if self._exclude is None else self._exclude()
-        protected = _OWN.waited | ({excluded} if isinstance(excluded, int) else set(excluded or ()))
+        protected = self._children.waited | ({excluded} if isinstance(excluded, int) else set(excluded or ()))
         me, reaped = os.getpid(), []
         for proc in _all_procs():
             orphan = proc.ppid == me and not proc.alive and proc.pid not in protected

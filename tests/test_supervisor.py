@@ -336,9 +336,11 @@ def test_a_bad_grace_or_empty_command_is_refused(grace_s: float) -> None:
 SCENARIOS = """
 import asyncio, json, os, subprocess, sys, time
 from pathlib import Path
-from elector.supervisor import ChildSupervisor, OrphanReaper, become_subreaper
+from elector.supervisor import ChildRegistry, ChildSupervisor, OrphanReaper, become_subreaper
 
 TMP = Path(sys.argv[2])
+#: One registry for the process, as the daemon wires it: the reaper never takes the supervisor's.
+CHILDREN = ChildRegistry()
 ME = os.getpid()
 
 
@@ -365,7 +367,7 @@ async def pid_in(name):
 
 
 def supervise(script, exits):
-    return ChildSupervisor(["sh", "-c", script], kill_grace_s=0.5, on_exit=exits.append)
+    return ChildSupervisor(["sh", "-c", script], kill_grace_s=0.5, on_exit=exits.append, children=CHILDREN)
 
 
 async def escaped_daemon():
@@ -405,7 +407,7 @@ async def reaper():
     # A direct child its owner waits for later, by pid: excluded, so the reaper leaves it.
     other = subprocess.Popen(["sh", "-c", "exit 4"])
     # A sweep interval far beyond the test: reaping within it proves SIGCHLD drives the reaper.
-    async with OrphanReaper(sweep_interval_s=60, exclude=lambda: other.pid) as reaper:
+    async with OrphanReaper(sweep_interval_s=60, exclude=lambda: other.pid, children=CHILDREN) as reaper:
         exits = []
         supervisor = supervise(f"sh -c 'echo $$ > {TMP}/orphan; sleep 0.2' & exit 0", exits)
         await supervisor.start(env={})
@@ -441,7 +443,7 @@ async def no_theft():
     await supervisor.start(env={})
     time.sleep(0.3)
     child_state = stat(supervisor.pid)[0]
-    swept = OrphanReaper(sweep_interval_s=60).sweep()
+    swept = OrphanReaper(sweep_interval_s=60, children=CHILDREN).sweep()
     await until(lambda: exits)
     await supervisor.stop()
     return dict(child_state=child_state, swept=swept, returncode=exits[0].returncode)
