@@ -311,12 +311,12 @@ class Daemon:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
             await self.http.stop()
-            with contextlib.suppress(Exception):
-                await self.batcher.aclose()
-            with contextlib.suppress(Exception):
-                await self.event_hub.aclose()
-            with contextlib.suppress(Exception):
-                await self.client.aclose()
+            # After a second signal nothing may wait for a Redis that does not answer.
+            close_within_s = 0.05 if self._signals_seen >= 2 else settings.timing.request_timeout_s
+            for close in (self.batcher.aclose, self.event_hub.aclose, self.client.aclose):
+                with contextlib.suppress(Exception, TimeoutError):
+                    async with asyncio.timeout(close_within_s):
+                        await close()
         self.log.info("stopped", exit_code=self.exit_code)
         return self.exit_code
 

@@ -31,7 +31,12 @@ def daemon(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., DaemonProce
 
     def _start(identity: str, *extra_args: str, lock: str = "jobs", ttl: str = "1s") -> DaemonProcess:
         process = DaemonProcess(
-            redis_url=redis_url, identity=identity, log_dir=tmp_path, lock=lock, ttl=ttl, extra_args=extra_args
+            redis_url=redis_url,
+            identity=identity,
+            log_dir=tmp_path,
+            lock=lock,
+            ttl=ttl,
+            extra_args=extra_args,
         ).start()
         started.append(process)
         process.wait_http()
