@@ -86,6 +86,9 @@ class LockElection:
                 on_stopped_leading=self._on_stopped_leading,
             ),
             priority=settings.priority,
+            # Locks started together would renew together forever: one burst of a thousand
+            # requests every interval. A little early jitter spreads them out within minutes.
+            renew_jitter_share=0.1 if len(settings.locks) > 1 else 0.0,
         )
 
     def status(self) -> ElectionStatus:

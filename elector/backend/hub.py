@@ -188,7 +188,17 @@ class EventHub:
                 raise LeaseBackendError(str(error), kind=error.kind)
             self._connecting = self._spawn(self._connect(), "elector:hub:connect")
             self._connecting.add_done_callback(self._connect_done)
-        return await asyncio.shield(self._connecting)
+        connecting = self._connecting
+        try:
+            return await asyncio.shield(connecting)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if connecting.cancelled() and task is not None and not task.cancelling():
+                # aclose() cancelled the connect, not our caller: a backend error, not a cancellation.
+                raise LeaseBackendError(
+                    "subscribe: the event hub is closed", kind=BackendErrorKind.CONNECTION
+                ) from None
+            raise
 
     async def _connect(self) -> PubSubLink:
         try:

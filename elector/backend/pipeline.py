@@ -3,7 +3,8 @@
 A daemon holding many locks renews each of them every 0.3 x ttl. Calls issued in the same
 event-loop iteration (renewal timers that fire together, the burst of acquisitions at start-up)
 are sent as ONE non-transactional pipeline of EVALSHA commands: one write, one pooled connection
-and one round trip for the lot, instead of one of each per call. Each script stays its own
+and one round trip for the lot, instead of one of each per call. A call alone in its iteration
+(renewals spread over time) is sent as a plain script call. Each script stays its own
 command, atomic on its own; nothing is wrapped in MULTI, so one call's failure never touches
 another's.
 
@@ -17,6 +18,11 @@ Timeouts stay per request: the client's socket timeout bounds every read of the 
 each caller keeps its own deadline. A caller that gives up (cancelled) is dropped from a batch
 not yet sent and its reply is discarded otherwise; the batch itself runs in a task of its own,
 so the cancellation never reaches the shared connection.
+
+Latency: every caller of a batch gets its reply once the whole batch has been read, so when a
+thousand renewals fall due at one instant the last ones wait for all of them (tens of ms on a
+small machine, see bench/many_locks.py); spread renewals keep batches small and replies prompt.
+A linger (`linger_s`) trades latency for fewer round trips when calls are spread: off by default.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ class BatcherStats:
     """Counters for tests and benchmarks."""
 
     calls: int = 0
-    #: Pipelines sent (round trips), the NOSCRIPT reload-and-retry ones included.
+    #: Round trips: pipelines sent (NOSCRIPT reload-and-retry ones included) and lone calls.
     pipelines: int = 0
     largest_batch: int = 0
     #: Calls that met NOSCRIPT and were retried after loading their script.
@@ -114,6 +120,9 @@ class ScriptBatcher:
 
     async def _execute(self, calls: list[_Call]) -> None:
         self.stats.largest_batch = max(self.stats.largest_batch, len(calls))
+        if len(calls) == 1:
+            await self._execute_one(calls[0])
+            return
         try:
             replies = await self._pipeline([], calls)
             missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
@@ -137,6 +146,20 @@ class ScriptBatcher:
                 call.future.set_exception(reply)
             else:
                 call.future.set_result(reply)
+
+    async def _execute_one(self, call: _Call) -> None:
+        # A batch of one (renewals spread over time) skips the pipeline's bookkeeping: the plain
+        # script call, which reloads the script on NOSCRIPT by itself.
+        self.stats.pipelines += 1
+        keys, args = call.keys_and_args[: call.numkeys], call.keys_and_args[call.numkeys :]
+        try:
+            reply = await call.script(keys=keys, args=args, client=self._client)
+        except Exception as exc:
+            if not call.future.done():
+                call.future.set_exception(exc)
+            return
+        if not call.future.done():
+            call.future.set_result(reply)
 
     async def _pipeline(self, load: list[AsyncScript], calls: list[_Call]) -> list[Any]:
         """One round trip: SCRIPT LOAD each of `load`, then EVALSHA each call; the calls' replies."""

@@ -78,8 +78,14 @@ class Election:
         subscription_keepalive_s: float | None = None,
         priority: int = 0,
         preempt_after_s: float | None = None,
+        renew_jitter_share: float = 0.0,
     ) -> None:
         timing.validate()
+        if not 0.0 <= renew_jitter_share < 0.5:
+            raise ValueError(f"renew_jitter_share must be in [0, 0.5), got {renew_jitter_share}")
+        # Renewing up to this share of the interval early spreads locks whose renewals fell due
+        # together (many locks started at once, or re-synchronised by an outage). Early is safe.
+        self._renew_jitter_share = renew_jitter_share
         self._backend = backend
         self._identity = identity
         self._timing = timing
@@ -285,7 +291,7 @@ class Election:
                 duration_s=received - sent,
                 holder=lease.holder,
                 remaining_ms=_ms(self._valid_until - received),
-                next_cycle_at=sent + self._timing.renew_interval_s,
+                next_cycle_at=self._next_renewal(sent),
             )
 
         cap = received + self._timing.ttl_s
@@ -399,7 +405,7 @@ class Election:
             duration_s=received - sent,
             holder=self._lease.holder,
             remaining_ms=_ms(self._valid_until - received),
-            next_cycle_at=sent + self._timing.renew_interval_s,
+            next_cycle_at=self._next_renewal(sent),
         )
 
     def _should_yield(
@@ -531,6 +537,12 @@ class Election:
         self._failures_in_a_row = 0
         self._backend_up = True
         self._last_backend_ok_at = at
+
+    def _next_renewal(self, sent: float) -> float:
+        interval = self._timing.renew_interval_s
+        if self._renew_jitter_share:
+            interval *= 1 - self._rng.uniform(0.0, self._renew_jitter_share)
+        return sent + interval
 
     def _jitter(self) -> float:
         return self._rng.uniform(0.0, min(MAX_WAKE_JITTER_S, self._timing.ttl_s * 0.001))

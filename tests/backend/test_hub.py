@@ -358,3 +358,17 @@ async def test_closing_the_hub_while_subscriptions_close_finishes_promptly(hub_f
         await asyncio.sleep(0.001 * (round_ % 3))
         async with asyncio.timeout(2):
             await hub.aclose()
+
+
+async def test_closing_the_hub_during_a_connect_fails_the_waiting_subscribers(
+    hub_for, tcp_proxy: TcpProxy
+) -> None:
+    hub = hub_for(url=tcp_proxy.url, timeout_s=2.0)
+    tcp_proxy.blackhole()  # the connect hangs in its handshake
+    waiting = [asyncio.create_task(hub.subscribe(f"w{i}")) for i in range(3)]
+    await asyncio.sleep(0.1)
+    await hub.aclose()
+    for task in waiting:
+        with pytest.raises(LeaseBackendError) as info:  # not a CancelledError: the caller lives on
+            await task
+        assert info.value.kind is BackendErrorKind.CONNECTION
