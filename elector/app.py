@@ -58,6 +58,7 @@ class LockElection:
         self._extra_started = on_started_leading
         self._extra_stopped = on_stopped_leading
         self._file_due = asyncio.Event()
+        self._file_shown: tuple[object, ...] | None = None
         self._file_lock = asyncio.Lock()
         backend = RedisLeaseBackend(
             daemon.client,
@@ -104,7 +105,13 @@ class LockElection:
         }
 
     def _on_outcome(self, outcome: CycleOutcome) -> None:
-        if self.leader_file is not None:
+        if self.leader_file is None:
+            return
+        # Renewals change nothing the file shows: only wake the writer (a thread hop) on news.
+        status = self.election.status()
+        shown = (status.is_leader, status.fencing_token, status.holder, status.state)
+        if shown != self._file_shown:
+            self._file_shown = shown
             self._file_due.set()
 
     def _write_leader_file(self) -> None:
