@@ -20,15 +20,14 @@ from collections.abc import Awaitable, Callable
 import structlog
 from prometheus_client import CollectorRegistry
 
-from elector.backend import RedisLeaseBackend, make_client, redact_url
-from elector.backend.hub import EventHub
-from elector.backend.pipeline import ScriptBatcher
+from elector.backend import RedisLeaseBackend
+from elector.backend.topology import LeaseConnections
 from elector.config import Settings
 from elector.election import CycleOutcome, Election, ElectionHooks, ElectionStatus, State, StepDownReason
 from elector.exec_mode import ExecMode
 from elector.http import HttpBindError, HttpServer, make_http_app
 from elector.leader_file import LeaderFileWriter
-from elector.lease import Lease
+from elector.lease import Lease, LeaseBackendError
 from elector.logs import OutcomeLogger, configure_logging, make_logger
 from elector.metrics import ElectionMetrics, MetricFamilies, register_process_metrics
 from elector.supervisor import ChildRegistry, OrphanReaper, become_subreaper
@@ -60,13 +59,9 @@ class LockElection:
         self._file_due = asyncio.Event()
         self._file_shown: tuple[object, ...] | None = None
         self._file_lock = asyncio.Lock()
-        backend = RedisLeaseBackend(
-            daemon.client,
-            lock=lock,
-            key_prefix=settings.redis.key_prefix,
-            hub=daemon.event_hub,
-            batcher=daemon.batcher,
-        )
+        backend = daemon.redis.backend_for(lock)
+        # Named in the warning about a foreign value at the key (a Redlock lease has one per server).
+        lease_key = backend.keys.lease if isinstance(backend, RedisLeaseBackend) else None
         self.log = make_logger("elector", context=self.log_context)
         leader_file = settings.leader_file_for(lock)
         self.leader_file = (
@@ -81,7 +76,10 @@ class LockElection:
             timing=settings.timing,
             hooks=ElectionHooks(
                 on_outcome=_fan_out(
-                    OutcomeLogger(self.log), self.metrics.observe, self._on_outcome, log=self.log
+                    OutcomeLogger(self.log, lease_key=lease_key),
+                    self.metrics.observe,
+                    self._on_outcome,
+                    log=self.log,
                 ),
                 on_started_leading=self._on_started_leading,
                 on_stopped_leading=self._on_stopped_leading,
@@ -191,15 +189,14 @@ class Daemon:
         self._reaper: OrphanReaper | None = None
         self.locks: list[LockElection] = []
         name = settings.lock if len(settings.locks) == 1 else f"{len(settings.locks)}-locks"
-        self.client = make_client(settings.redis, client_name=f"elector:{name}:{settings.identity}")
-        # Every lock shares one pub/sub connection, and requests that fall due together (1,000
-        # locks started at once renew together) go out as one pipeline.
-        self.event_hub = EventHub(
-            self.client,
+        # Every lock shares one pub/sub connection per server, and requests that fall due together
+        # (1,000 locks started at once renew together) go out as one pipeline.
+        self.redis = LeaseConnections(
+            settings.redis,
+            client_name=f"elector:{name}:{settings.identity}",
             keepalive_s=max(60.0, 6 * settings.timing.ttl_s),
             request_timeout_s=settings.timing.request_timeout_s,
         )
-        self.batcher = ScriptBatcher(self.client)
         self.log = make_logger("elector", context=self._log_context)
         register_process_metrics(self.registry)
         families = MetricFamilies(self.registry)
@@ -273,7 +270,7 @@ class Daemon:
             await self.http.start()
         except HttpBindError as exc:
             self.log.error("http_bind_failed", error=str(exc))
-            await self.client.aclose()
+            await self.redis.aclose(within_s=settings.timing.request_timeout_s)
             return EXIT_FATAL
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -289,7 +286,8 @@ class Daemon:
             await self._reaper.start()
         self.log.info(
             "started",
-            redis=redact_url(settings.redis.url),
+            redis=self.redis.endpoints[0] if len(self.redis.endpoints) == 1 else self.redis.endpoints,
+            topology=self.redis.topology,
             http=f"{settings.http.host}:{self.http.bound_port}",
             locks=len(settings.locks),
             ttl_ms=settings.timing.ttl_ms,
@@ -301,6 +299,11 @@ class Daemon:
             kill_grace_ms=None if settings.exec is None else round(settings.exec.kill_grace_s * 1000),
             pid=os.getpid(),
         )
+        try:
+            await self.redis.start()
+        except LeaseBackendError as exc:
+            # Not fatal: the elections retry with back-off, and /readyz says Redis is unreachable.
+            self.log.warning("redis_unreachable", error=str(exc), detail="at start-up")
         self._tasks = [
             asyncio.create_task(self._guarded(lock), name=f"election:{lock.election.lock}")
             for lock in self.locks
@@ -323,10 +326,7 @@ class Daemon:
             await self.http.stop()
             # After a second signal nothing may wait for a Redis that does not answer.
             close_within_s = 0.05 if self._signals_seen >= 2 else settings.timing.request_timeout_s
-            for close in (self.batcher.aclose, self.event_hub.aclose, self.client.aclose):
-                with contextlib.suppress(Exception, TimeoutError):
-                    async with asyncio.timeout(close_within_s):
-                        await close()
+            await self.redis.aclose(within_s=close_within_s)
         self.log.info("stopped", exit_code=self.exit_code)
         return self.exit_code
 

@@ -6,14 +6,24 @@ Invalid settings exit with code 2 and a message naming the setting.
 
 from __future__ import annotations
 
+import functools
+import inspect
+import re
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
 import click
 
 from elector import __version__
-from elector.config import SettingsError, build_settings, parse_duration, validate_lock_name
+from elector.config import (
+    SettingsError,
+    build_settings,
+    check_redis_url,
+    parse_duration,
+    validate_lock_name,
+)
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -39,7 +49,83 @@ def _envvar(name: str) -> str:
     return f"ELECTOR_{name.upper().replace('-', '_')}"
 
 
+def _invalid(exc: SettingsError) -> click.UsageError:
+    """The exit-2 error for a bad setting; names the variable too when the value came from one."""
+    ctx = click.get_current_context()
+    variables = []
+    for flag in re.findall(r"--[a-z][a-z-]*", exc.setting):
+        name = flag[2:].replace("-", "_")
+        source = ctx.get_parameter_source(name) or ctx.get_parameter_source(f"{name}s")  # --lock: locks
+        if source is click.core.ParameterSource.ENVIRONMENT:
+            variables.append(_envvar(flag[2:]))
+    text = str(exc)
+    if variables:
+        text = f"{exc.setting} (set by {', '.join(variables)}){text.removeprefix(exc.setting)}"
+    return click.UsageError(f"invalid setting {text}")
+
+
+#: The redis-py URL options of --redis-tls-ca, --redis-tls-cert and --redis-tls-key.
+_URL_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+
+
+def _with_tls_query(url: str, files: dict[str, Path | None]) -> str:
+    """`url` with the TLS files as redis-py query options (for commands without TLS settings)."""
+    given = {option: str(path) for option, path in files.items() if path is not None}
+    if not given:
+        return url
+    base, _, fragment = url.partition("#")
+    separator = "&" if "?" in base else "?"
+    query = urllib.parse.urlencode(given)
+    return f"{base}{separator}{query}" + (f"#{fragment}" if fragment else "")
+
+
 def redis_options(func: Any) -> Any:
+    """--redis-url, --redis-password-file and the TLS files; --min-replicas-ack and
+    --replicas-ack-timeout for commands that take them (they write leases).
+
+    A command that takes no `redis_tls_*` parameters gets the TLS files as the URL's ssl_*
+    query options, which redis-py reads the same way.
+    """
+    accepts = set(inspect.signature(func).parameters)
+    tls_params = ("redis_tls_ca", "redis_tls_cert", "redis_tls_key")
+    if "min_replicas_ack" in accepts:
+        func = click.option(
+            "--replicas-ack-timeout",
+            type=DURATION,
+            envvar=_envvar("replicas-ack-timeout"),
+            show_envvar=True,
+            help="How long the WAIT of --min-replicas-ack may take (shorter than --request-timeout). "
+            "Default: half the request timeout.",
+        )(func)
+        func = click.option(
+            "--min-replicas-ack",
+            type=click.IntRange(0, 100),
+            default=0,
+            show_default=True,
+            envvar=_envvar("min-replicas-ack"),
+            show_envvar=True,
+            help="After each grant and renewal, WAIT until this many replicas have it; fewer in "
+            "time makes a grant fail (and be released) and a renewal count as failed.",
+        )(func)
+    if not set(tls_params) <= accepts:
+        command = func
+
+        @functools.wraps(command)
+        def fold_tls(*args: Any, **kwargs: Any) -> Any:
+            files = {opt: kwargs.pop(param) for opt, param in zip(_URL_OPTIONS, tls_params, strict=True)}
+            kwargs["redis_url"] = _with_tls_query(kwargs["redis_url"], files)
+            return command(*args, **kwargs)
+
+        func = fold_tls
+    for name, what in (("key", "private key"), ("cert", "client certificate"), ("ca", "CA certificates")):
+        func = click.option(
+            f"--redis-tls-{name}",
+            f"redis_tls_{name}",
+            type=click.Path(dir_okay=False, path_type=Path),
+            envvar=_envvar(f"redis-tls-{name}"),
+            show_envvar=True,
+            help=f"rediss:// only: PEM file of the {what}.",
+        )(func)
     func = click.option(
         "--redis-password-file",
         type=click.Path(dir_okay=False, path_type=Path),
@@ -53,7 +139,9 @@ def redis_options(func: Any) -> Any:
         show_envvar=True,
         default="redis://localhost:6379/0",
         show_default=True,
-        help="redis://[user[:password]@]host[:port][/db], rediss:// for TLS, or unix:///path.",
+        help="redis://[user[:password]@]host[:port][/db], rediss:// for TLS, unix:///path, or "
+        "redis+sentinel://[user[:password]@]host1[:port1],host2[:port2]/MASTER[/db] (rediss+sentinel:// "
+        "for TLS) to follow the master Sentinel names.",
     )(func)
 
 
@@ -160,6 +248,22 @@ def cli() -> None:
     help="Exit (code 3) after losing leadership instead of contending again.",
 )
 @click.option(
+    "--redis-cluster",
+    is_flag=True,
+    envvar=_envvar("redis-cluster"),
+    show_envvar=True,
+    help="--redis-url names one node of a Redis Cluster: each lock lives on the master of its slot.",
+)
+@click.option(
+    "--redlock-url",
+    "redlock_urls",
+    multiple=True,
+    envvar=_envvar("redlock-url"),
+    show_envvar=True,
+    help="Redlock: the URL of one of N >= 3 (odd) independent Redis servers; repeat it for each "
+    "(the env var takes them separated by spaces). A grant needs a majority. Replaces --redis-url.",
+)
+@click.option(
     "--priority",
     type=int,
     default=0,
@@ -200,6 +304,11 @@ def run(
     *,
     redis_url: str,
     redis_password_file: Path | None,
+    redis_tls_ca: Path | None,
+    redis_tls_cert: Path | None,
+    redis_tls_key: Path | None,
+    min_replicas_ack: int,
+    replicas_ack_timeout: float | None,
     locks: tuple[str, ...],
     locks_file: Path | None,
     identity: str | None,
@@ -211,6 +320,8 @@ def run(
     log_format: str,
     log_level: str,
     exit_on_loss: bool,
+    redis_cluster: bool,
+    redlock_urls: tuple[str, ...],
     priority: int,
     leader_file: str | None,
     kill_grace: float | None,
@@ -231,6 +342,17 @@ def run(
     """
     if not locks and locks_file is None:
         raise click.UsageError("invalid setting --lock: missing (give --lock NAME or set ELECTOR_LOCK)")
+    context = click.get_current_context()
+    if redlock_urls and context.get_parameter_source("redis_url") is not click.core.ParameterSource.DEFAULT:
+        raise _invalid(
+            SettingsError("--redlock-url", "replaces --redis-url: give the Redlock servers only")
+        )
+    child_exit_source = context.get_parameter_source("on_child_exit")
+    if not command and child_exit_source is not click.core.ParameterSource.DEFAULT:
+        # A policy for a command that is not there is a misunderstanding, not a no-op.
+        raise _invalid(
+            SettingsError("--on-child-exit", "only applies to exec mode (elector run ... -- COMMAND)")
+        )
     try:
         settings = build_settings(
             lock=locks,
@@ -243,6 +365,13 @@ def run(
             identity=identity,
             redis_url=redis_url,
             redis_password_file=redis_password_file,
+            redis_tls_ca_file=redis_tls_ca,
+            redis_tls_cert_file=redis_tls_cert,
+            redis_tls_key_file=redis_tls_key,
+            min_replicas_ack=min_replicas_ack,
+            replicas_ack_timeout_s=replicas_ack_timeout,
+            redis_cluster=redis_cluster,
+            redlock_urls=redlock_urls,
             ttl_s=ttl,
             renew_interval_s=renew_interval,
             renew_deadline_s=renew_deadline,
@@ -253,7 +382,7 @@ def run(
             exit_on_loss=exit_on_loss,
         )
     except SettingsError as exc:
-        raise click.UsageError(f"invalid setting {exc}") from None
+        raise _invalid(exc) from None
     from elector.app import run_daemon
 
     sys.exit(run_daemon(settings))
@@ -284,8 +413,9 @@ def status(
 
     try:
         validate_lock_name(lock)
+        check_redis_url(redis_url)
     except SettingsError as exc:
-        raise click.UsageError(f"invalid setting {exc}") from None
+        raise _invalid(exc) from None
     if timeout <= 0:
         raise click.BadParameter("must be positive", param_hint="'--timeout'")
     try:
@@ -370,11 +500,12 @@ def handoff(
 
     try:
         validate_lock_name(lock)
+        check_redis_url(redis_url)
         if to is not None:
             validate_identity(to)
     except SettingsError as exc:
-        text = str(exc).replace("--identity", "--to", 1)
-        raise click.UsageError(f"invalid setting {text}") from None
+        setting = exc.setting.replace("--identity", "--to", 1)
+        raise _invalid(SettingsError(setting, str(exc).removeprefix(f"{exc.setting}: "))) from None
     if timeout <= 0:
         raise click.BadParameter("must be positive", param_hint="'--timeout'")
     if window is not None and not 0 < window <= MAX_WINDOW_S:
@@ -398,6 +529,22 @@ def handoff(
         click.echo(f"error: {result.message}", err=True)
         sys.exit(1)
     click.echo(result.message)
+
+
+@cli.command(
+    "operator",
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
+    add_help_option=False,
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def operator(args: tuple[str, ...]) -> None:
+    """Run the Kubernetes operator for LeaderElection resources (needs elector[kube])."""
+    import importlib
+
+    # Imported by name only when invoked: `elector` without the kube extra keeps working, and
+    # the import-layer check does not follow the operator's kopf imports into the CLI.
+    module = importlib.import_module("elector.kube.operator.cli")
+    module.operator_command.main(args=list(args), prog_name="elector operator")
 
 
 def main() -> None:

@@ -13,10 +13,11 @@ import enum
 import os
 import re
 import socket
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from elector.backend import InvalidRedisSettingsError, RedisSettings
+from elector.backend import InvalidRedisSettingsError, RedisSettings, redact_url
 from elector.backend.redis_lease import MAX_IDENTITY_LENGTH
 from elector.election import ElectionTiming, InvalidTimingError
 from elector.http import HttpSettings, parse_http_address
@@ -28,6 +29,12 @@ LOCK_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,199}$")
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?|\.\d+)(ms|us|µs|s|m|h)")
 _UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, "us": 1e-6, "µs": 1e-6}
+#: Longest duration any option takes: beyond it a value is a typo, and far larger ones overflow
+#: timers and Redis' millisecond expiries (PX) at run time instead of failing at start-up.
+MAX_DURATION_S = 7 * 24 * 3600.0
+#: Longest lease ttl: a leader that may vanish for more than a day without anyone taking over
+#: is a misconfiguration, and the scripts' arithmetic (3 x ttl for candidates) must stay exact.
+MAX_TTL_S = 24 * 3600.0
 
 
 class SettingsError(ValueError):
@@ -58,6 +65,8 @@ def parse_duration(text: str) -> float:
         position = match.end()
     if position != len(cleaned):
         raise ValueError(f"{text!r} is not a duration; write e.g. 10s, 500ms, 1m or 1m30s")
+    if not total <= MAX_DURATION_S:  # also catches inf from absurdly many digits
+        raise ValueError(f"{text!r} is too long: at most {MAX_DURATION_S / 86400:g} days")
     return total
 
 
@@ -77,6 +86,50 @@ def validate_identity(identity: str) -> str:
     if not identity.isprintable() or identity != identity.strip():
         raise SettingsError("--identity", f"{identity!r} has control characters or surrounding blanks")
     return identity
+
+
+#: A host in a redis:// URL: a DNS name (underscores allowed: compose service names) or IPv4.
+_URL_HOST = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,251}[A-Za-z0-9_])?\.?")
+_URL_DB_PATH = re.compile(r"/?|/\d{1,5}")
+
+
+def check_redis_url(url: str, *, setting: str = "--redis-url") -> None:
+    """Refuse what redis-py would accept silently and then never reach, or reach wrongly.
+
+    redis-py reads `/abc` or `/-1` as database 0 or fails every request with it, takes port 0
+    for 6379, and keeps the first of repeated query options; none of that should survive
+    start-up. Schemes other than redis, rediss and unix, and anything unparsable, are left to
+    `RedisSettings.validate`, which reports them.
+    """
+
+    def refuse(message: str) -> SettingsError:
+        return SettingsError(setting, f"{message}: {redact_url(url)}")
+
+    if any(not char.isprintable() for char in url):
+        # urlsplit drops tabs and newlines without a word: "redis://h\n:6379" would become h:6379.
+        raise SettingsError(setting, "the redis URL contains control characters (a stray newline?)")
+    try:
+        parsed = urllib.parse.urlsplit(url)
+        port = parsed.port
+    except ValueError:
+        return
+    if parsed.scheme not in ("redis", "rediss", "unix"):
+        return
+    options = [name for name, _ in urllib.parse.parse_qsl(parsed.query, keep_blank_values=True)]
+    repeated = sorted({name for name in options if options.count(name) > 1})
+    if repeated:
+        raise refuse(f"the redis URL gives the option {repeated[0]!r} more than once")
+    if parsed.scheme == "unix":
+        return
+    if port == 0:
+        raise refuse("the redis URL has port 0; give the server's port (default 6379)")
+    host = parsed.hostname or ""
+    if host and ":" not in host and not _URL_HOST.fullmatch(host):
+        raise refuse(f"the redis URL has an invalid host {host!r}")
+    if not _URL_DB_PATH.fullmatch(parsed.path):
+        raise refuse("the redis URL's path must be a database number, e.g. /0")
+    if parsed.path.strip("/") and "db" in options:
+        raise refuse("the redis URL gives the database twice (path and ?db=)")
 
 
 def default_identity(environ: Mapping[str, str] | None = None) -> str:
@@ -236,6 +289,13 @@ def build_settings(
     identity: str | None,
     redis_url: str,
     redis_password_file: Path | None = None,
+    redis_tls_ca_file: Path | None = None,
+    redis_tls_cert_file: Path | None = None,
+    redis_tls_key_file: Path | None = None,
+    min_replicas_ack: int = 0,
+    replicas_ack_timeout_s: float | None = None,
+    redis_cluster: bool = False,
+    redlock_urls: Sequence[str] = (),
     ttl_s: float = 10.0,
     renew_interval_s: float | None = None,
     renew_deadline_s: float | None = None,
@@ -283,6 +343,15 @@ def build_settings(
         raise SettingsError("--priority", f"must be between -1000000 and 1000000, got {priority}")
     if leader_file is not None:
         _check_leader_file(leader_file, locks)
+    if ttl_s > MAX_TTL_S:
+        raise SettingsError("--ttl", f"ttl must be at most {MAX_TTL_S / 3600:g}h, got {ttl_s:g}s")
+    for url in redlock_urls or (redis_url,):
+        check_redis_url(url, setting="--redlock-url" if redlock_urls else "--redis-url")
+    if redlock_urls and priority != 0:
+        # Preemption releases *to* a rival through a handoff key, which Redlock does not carry.
+        raise SettingsError(
+            "--priority", "preferred leaders and handoffs are not supported with --redlock-url"
+        )
     stop_work_s = 0.0 if exec_settings is None else stop_budget_s(exec_settings.kill_grace_s)
     if leader_file is not None:
         stop_work_s += LEADER_FILE_WAIT_S
@@ -299,12 +368,31 @@ def build_settings(
         flags = ", ".join(f"--{flag_of.get(name, name).replace('_', '-')}" for name in exc.settings)
         raise SettingsError(flags, str(exc)) from None
     redis_settings = RedisSettings(
-        url=redis_url, password_file=redis_password_file, request_timeout_s=timing.request_timeout_s
+        url=redis_url,
+        password_file=redis_password_file,
+        request_timeout_s=timing.request_timeout_s,
+        tls_ca_file=redis_tls_ca_file,
+        tls_cert_file=redis_tls_cert_file,
+        tls_key_file=redis_tls_key_file,
+        min_replicas_ack=min_replicas_ack,
+        replicas_ack_timeout_s=replicas_ack_timeout_s,
+        cluster=redis_cluster,
+        redlock_urls=tuple(redlock_urls),
     )
     try:
         redis_settings.validate()
     except InvalidRedisSettingsError as exc:
-        flag = {"password_file": "--redis-password-file", "request_timeout": "--request-timeout"}
+        flag = {
+            "password_file": "--redis-password-file",
+            "request_timeout": "--request-timeout",
+            "tls_ca": "--redis-tls-ca",
+            "tls_cert": "--redis-tls-cert",
+            "tls_key": "--redis-tls-key",
+            "min_replicas_ack": "--min-replicas-ack",
+            "replicas_ack_timeout": "--replicas-ack-timeout",
+            "cluster": "--redis-cluster",
+            "redlock_url": "--redlock-url",
+        }
         raise SettingsError(flag.get(exc.setting, "--redis-url"), str(exc)) from None
     try:
         http = parse_http_address(http_address)

@@ -306,6 +306,13 @@ def test_identity_defaults_to_pod_name(daemon: DaemonCalls, monkeypatch: pytest.
 RUN_ENV_VARS = [
     "ELECTOR_REDIS_URL",
     "ELECTOR_REDIS_PASSWORD_FILE",
+    "ELECTOR_REDIS_TLS_CA",
+    "ELECTOR_REDIS_TLS_CERT",
+    "ELECTOR_REDIS_TLS_KEY",
+    "ELECTOR_MIN_REPLICAS_ACK",
+    "ELECTOR_REPLICAS_ACK_TIMEOUT",
+    "ELECTOR_REDIS_CLUSTER",
+    "ELECTOR_REDLOCK_URL",
     "ELECTOR_LOCK",
     "ELECTOR_IDENTITY",
     "ELECTOR_TTL",

@@ -1,7 +1,14 @@
 """The Redis lease backend: the lease protocol's Lua scripts, client set-up and error translation."""
 
+from elector.backend.cluster import (
+    cluster_hub_client,
+    cluster_lease_backend,
+    connect_cluster,
+    make_cluster_client,
+)
 from elector.backend.connection import InvalidRedisSettingsError, RedisSettings, make_client, redact_url
 from elector.backend.redis_lease import RedisEventSubscription, RedisLeaseBackend, parse_holder
+from elector.backend.redlock import RedlockLeaseBackend
 from elector.backend.registry import HandoffRefusedError
 
 __all__ = [
@@ -10,7 +17,12 @@ __all__ = [
     "RedisEventSubscription",
     "RedisLeaseBackend",
     "RedisSettings",
+    "RedlockLeaseBackend",
+    "cluster_hub_client",
+    "cluster_lease_backend",
+    "connect_cluster",
     "make_client",
+    "make_cluster_client",
     "parse_holder",
     "redact_url",
 ]

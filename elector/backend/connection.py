@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+import ssl
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,13 @@ from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-SUPPORTED_SCHEMES = ("redis", "rediss", "unix")
+from elector.backend import sentinel
+from elector.backend.replication import ReplicaAck
+
+SUPPORTED_SCHEMES = ("redis", "rediss", "unix", *sentinel.SENTINEL_SCHEMES)
+TLS_SCHEMES = ("rediss", "rediss+sentinel")
+#: Most replicas --min-replicas-ack may ask for (a sanity bound: Redis setups have a handful).
+MAX_REPLICAS_ACK = 100
 
 
 #: URL query options a user may set. Everything else that redis-py would read from the URL
@@ -40,7 +47,8 @@ ALLOWED_QUERY_OPTIONS = frozenset(
 class InvalidRedisSettingsError(ValueError):
     """A Redis setting is wrong; the message never contains a secret.
 
-    `setting` says which: "url", "password_file" or "request_timeout".
+    `setting` says which: "url", "password_file", "request_timeout", "tls_ca", "tls_cert",
+    "tls_key", "min_replicas_ack" or "replicas_ack_timeout".
     """
 
     def __init__(self, message: str, *, setting: str = "url") -> None:
@@ -60,8 +68,99 @@ class RedisSettings:
     request_timeout_s: float = 1.0
     #: Prefix of every key and channel elector writes.
     key_prefix: str = "elector"
+    #: TLS (rediss:// only): the CA bundle that signed the server's certificate ...
+    tls_ca_file: Path | None = None
+    #: ... and this client's certificate and key, for servers with `tls-auth-clients yes`.
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    #: After each grant and renewal, WAIT until this many replicas have the write; 0: don't wait.
+    min_replicas_ack: int = 0
+    #: How long that WAIT may take, seconds; None: half the request timeout (the other half is
+    #: for the script's own round trip, both inside the election's one-request bound).
+    replicas_ack_timeout_s: float | None = None
+    #: `url` names one node of a Redis Cluster (the lease lives on the master of its lock's slot).
+    cluster: bool = False
+    #: Redlock: the URLs of N >= 3 (odd) independent servers; when set, `url` is not used and each
+    #: server is reached with these settings and its own URL (see backend/redlock.py).
+    redlock_urls: tuple[str, ...] = ()
+
+    @property
+    def replica_ack(self) -> ReplicaAck | None:
+        """The WAIT to send after writes that must survive a failover; None when not asked for."""
+        if self.min_replicas_ack <= 0:
+            return None
+        timeout_s = self.replicas_ack_timeout_s
+        if timeout_s is None:
+            timeout_s = self.request_timeout_s / 2
+        return ReplicaAck(replicas=self.min_replicas_ack, timeout_ms=max(1, round(timeout_s * 1000)))
 
     def validate(self) -> None:
+        if sentinel.is_sentinel_url(self.url):
+            self._validate_sentinel_url()
+        else:
+            self._validate_url()
+        if self.password_file is not None:
+            self.read_password()
+        if self.request_timeout_s <= 0:
+            raise InvalidRedisSettingsError(
+                "redis request timeout must be positive", setting="request_timeout"
+            )
+        self._validate_tls()
+        self._validate_replica_ack()
+        self._validate_topology()
+
+    def _validate_topology(self) -> None:
+        if self.cluster:
+            if sentinel.is_sentinel_url(self.url) or _scheme(self.url) == "unix":
+                raise InvalidRedisSettingsError(
+                    "a Redis Cluster is reached through a redis:// or rediss:// URL of one of its nodes, "
+                    f"not {redact_url(self.url)}",
+                    setting="cluster",
+                )
+            if self.redlock_urls:
+                raise InvalidRedisSettingsError(
+                    "Redlock servers are independent servers, not a cluster: use one or the other",
+                    setting="cluster",
+                )
+        if not self.redlock_urls:
+            return
+        count = len(self.redlock_urls)
+        if count < 3 or count % 2 == 0:
+            raise InvalidRedisSettingsError(
+                f"Redlock needs an odd number of at least 3 independent servers, got {count}: with 2 "
+                "no server may fail, and an even count tolerates no more failures than one fewer",
+                setting="redlock_url",
+            )
+        if len(set(self.redlock_urls)) != count:
+            raise InvalidRedisSettingsError("a Redlock server is given twice", setting="redlock_url")
+        for url in self.redlock_urls:
+            if sentinel.is_sentinel_url(url):
+                raise InvalidRedisSettingsError(
+                    f"Redlock servers must be plain servers, not Sentinel sets: {redact_url(url)}",
+                    setting="redlock_url",
+                )
+            node = dataclasses.replace(self, url=url, redlock_urls=())
+            try:
+                node.validate()
+            except InvalidRedisSettingsError as exc:
+                raise InvalidRedisSettingsError(str(exc), setting="redlock_url") from None
+
+    def for_redlock_server(self, url: str) -> RedisSettings:
+        """These settings for one server of the Redlock set."""
+        return dataclasses.replace(self, url=url, redlock_urls=())
+
+    def _validate_sentinel_url(self) -> None:
+        try:
+            target = sentinel.parse_sentinel_url(self.url)
+        except (ValueError, sentinel.SentinelUrlError) as exc:
+            raise InvalidRedisSettingsError(f"{exc} ({redact_url(self.url)})") from None
+        _check_query_options(key for key, _ in target.options)
+        if target.options and not target.tls:
+            raise InvalidRedisSettingsError(
+                f"TLS options in a redis+sentinel:// URL: use rediss+sentinel:// ({redact_url(self.url)})"
+            )
+
+    def _validate_url(self) -> None:
         parsed = _parse(self.url)
         if "@" in parsed.path + parsed.query + parsed.fragment:
             # urlsplit ended the user-info early: the password holds a raw "/", "?" or "#".
@@ -79,24 +178,81 @@ class RedisSettings:
             raise InvalidRedisSettingsError(
                 f"redis URL has an invalid port: {redact_url(self.url)}"
             ) from None
-        for option in urllib.parse.parse_qs(parsed.query, keep_blank_values=True):
-            if option.lower() in ("password", "username"):
-                continue
-            if option not in ALLOWED_QUERY_OPTIONS:
-                allowed = ", ".join(sorted(ALLOWED_QUERY_OPTIONS))
-                raise InvalidRedisSettingsError(
-                    f"redis URL option {option!r} is not supported: elector sets timeouts, retries "
-                    f"and health checks itself (see --request-timeout); allowed: {allowed}"
-                )
+        _check_query_options(urllib.parse.parse_qs(parsed.query, keep_blank_values=True))
         try:
             parse_url(self.url)
         except ValueError as exc:
             raise InvalidRedisSettingsError(f"{exc} ({redact_url(self.url)})") from None
-        if self.password_file is not None:
-            self.read_password()
-        if self.request_timeout_s <= 0:
+
+    def _validate_tls(self) -> None:
+        files = {"tls_ca": self.tls_ca_file, "tls_cert": self.tls_cert_file, "tls_key": self.tls_key_file}
+        given = {name: path for name, path in files.items() if path is not None}
+        if not given:
+            return
+        flags = ", ".join(_FLAG_OF[name] for name in given)
+        if _scheme(self.url) not in TLS_SCHEMES:
             raise InvalidRedisSettingsError(
-                "redis request timeout must be positive", setting="request_timeout"
+                f"{flags} only apply to TLS connections: use a rediss:// (or rediss+sentinel://) URL",
+                setting=next(iter(given)),
+            )
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            missing = "tls_key" if self.tls_key_file is None else "tls_cert"
+            raise InvalidRedisSettingsError(
+                f"{_FLAG_OF['tls_cert']} and {_FLAG_OF['tls_key']} go together: {_FLAG_OF[missing]} "
+                "is missing",
+                setting=missing,
+            )
+        query = self.url.partition("?")[2]
+        for name, option in _URL_OPTION_OF.items():
+            if name in given and option in urllib.parse.parse_qs(query):
+                raise InvalidRedisSettingsError(
+                    f"{_FLAG_OF[name]} and the URL option {option} both set the same file: keep one",
+                    setting=name,
+                )
+        for name, path in given.items():
+            _check_readable(path, setting=name)
+        # Load them as the connection will, so that a wrong file fails at start-up, not in a loop.
+        context = ssl.create_default_context()
+        try:
+            if self.tls_ca_file is not None:
+                context.load_verify_locations(cafile=str(self.tls_ca_file))
+        except (ssl.SSLError, ValueError) as exc:
+            raise InvalidRedisSettingsError(
+                f"{_FLAG_OF['tls_ca']} {self.tls_ca_file} holds no usable CA certificate "
+                f"({_ssl_reason(exc)})",
+                setting="tls_ca",
+            ) from None
+        try:
+            if self.tls_cert_file is not None and self.tls_key_file is not None:
+                context.load_cert_chain(certfile=str(self.tls_cert_file), keyfile=str(self.tls_key_file))
+        except (ssl.SSLError, ValueError) as exc:
+            raise InvalidRedisSettingsError(
+                f"{_FLAG_OF['tls_cert']} {self.tls_cert_file} and {_FLAG_OF['tls_key']} {self.tls_key_file} "
+                f"are not a matching certificate and private key ({_ssl_reason(exc)})",
+                setting="tls_cert",
+            ) from None
+
+    def _validate_replica_ack(self) -> None:
+        count = self.min_replicas_ack
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_REPLICAS_ACK:
+            raise InvalidRedisSettingsError(
+                f"min replicas ack must be an integer from 0 to {MAX_REPLICAS_ACK}, got {count!r}",
+                setting="min_replicas_ack",
+            )
+        timeout_s = self.replicas_ack_timeout_s
+        if timeout_s is None:
+            return
+        if count == 0:
+            raise InvalidRedisSettingsError(
+                "the replicas ack timeout only applies with --min-replicas-ack 1 or more",
+                setting="replicas_ack_timeout",
+            )
+        if not 0.001 <= timeout_s < self.request_timeout_s:
+            raise InvalidRedisSettingsError(
+                f"the replicas ack timeout ({timeout_s * 1000:g}ms) must be at least 1ms and shorter "
+                f"than the request timeout ({self.request_timeout_s * 1000:g}ms): the grant or "
+                "renewal and its WAIT are one request for the election",
+                setting="replicas_ack_timeout",
             )
 
     def read_password(self) -> str | None:
@@ -122,6 +278,43 @@ class RedisSettings:
         return password
 
 
+#: The command-line flag of each file setting, for messages.
+_FLAG_OF = {"tls_ca": "--redis-tls-ca", "tls_cert": "--redis-tls-cert", "tls_key": "--redis-tls-key"}
+#: The URL query option redis-py reads for the same file.
+_URL_OPTION_OF = {"tls_ca": "ssl_ca_certs", "tls_cert": "ssl_certfile", "tls_key": "ssl_keyfile"}
+
+
+def _scheme(url: str) -> str:
+    return url.partition("://")[0].lower()
+
+
+def _check_query_options(options: Any) -> None:
+    for option in options:
+        if option.lower() in ("password", "username"):
+            continue
+        if option not in ALLOWED_QUERY_OPTIONS:
+            allowed = ", ".join(sorted(ALLOWED_QUERY_OPTIONS))
+            raise InvalidRedisSettingsError(
+                f"redis URL option {option!r} is not supported: elector sets timeouts, retries "
+                f"and health checks itself (see --request-timeout); allowed: {allowed}"
+            )
+
+
+def _check_readable(path: Path, *, setting: str) -> None:
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise InvalidRedisSettingsError(
+            f"cannot read {_FLAG_OF[setting]} {path}: {exc.strerror}", setting=setting
+        ) from None
+
+
+def _ssl_reason(exc: Exception) -> str:
+    # ssl errors carry OpenSSL's reason ("[X509: NO_CERTIFICATE_OR_CRL_FOUND] ..."); never key bytes.
+    return getattr(exc, "reason", None) or str(exc) or type(exc).__name__
+
+
 def _parse(url: str) -> urllib.parse.SplitResult:
     try:
         parsed = urllib.parse.urlsplit(url)
@@ -129,7 +322,8 @@ def _parse(url: str) -> urllib.parse.SplitResult:
         raise InvalidRedisSettingsError(f"not a valid redis URL: {redact_url(url)}") from None
     if parsed.scheme not in SUPPORTED_SCHEMES:
         raise InvalidRedisSettingsError(
-            f"redis URL must start with redis://, rediss:// or unix://, got {redact_url(url)!r}"
+            f"redis URL must start with redis://, rediss:// or unix:// (or redis+sentinel://, "
+            f"rediss+sentinel:// for Sentinel), got {redact_url(url)!r}"
         )
     return parsed
 
@@ -186,27 +380,54 @@ def _keepalive_options() -> dict[int, int]:
 
 
 def make_client(settings: RedisSettings, *, client_name: str | None = None) -> redis.asyncio.Redis:
-    """A redis-py asyncio client for the lease: short timeouts, no retries, bytes responses."""
+    """A redis-py asyncio client for the lease: short timeouts, no retries, bytes responses.
+
+    With a redis+sentinel:// URL, a client of the current master that follows failovers
+    (see sentinel.py); the sentinels get the same timeouts and no retries.
+    """
     settings.validate()
-    extra: dict[str, Any] = {}
-    url = settings.url
+    policy: dict[str, Any] = {
+        "socket_timeout": settings.request_timeout_s,
+        "socket_connect_timeout": settings.request_timeout_s,
+        "retry": Retry(NoBackoff(), 0),
+        "retry_on_timeout": False,
+        "health_check_interval": 0,
+        "client_name": client_name,
+    }
+    if _scheme(settings.url) != "unix":
+        policy["socket_keepalive"] = True
+        policy["socket_keepalive_options"] = _keepalive_options()
+    tls: dict[str, Any] = {}
+    for option, path in (
+        ("ssl_ca_certs", settings.tls_ca_file),
+        ("ssl_certfile", settings.tls_cert_file),
+        ("ssl_keyfile", settings.tls_key_file),
+    ):
+        if path is not None:
+            tls[option] = str(path)
     password = settings.read_password()
+    if sentinel.is_sentinel_url(settings.url):
+        target = sentinel.parse_sentinel_url(settings.url)
+        if target.tls:
+            tls = {"ssl": True, **dict(target.options), **tls}
+        data_node: dict[str, Any] = {**policy, **tls, "db": target.db, "decode_responses": False}
+        if target.username is not None:
+            data_node["username"] = target.username
+        if password is not None or target.password is not None:
+            data_node["password"] = password if password is not None else target.password
+        return sentinel.make_sentinel_client(
+            # retry_on_timeout is deprecated for plain clients (and false anyway): not for sentinels.
+            target,
+            connection_kwargs=data_node,
+            sentinel_kwargs={k: v for k, v in {**policy, **tls}.items() if k != "retry_on_timeout"},
+        )
+    url = settings.url
+    extra: dict[str, Any] = {}
     if password is not None:
         # redis-py lets a password in the URL win over the keyword: drop the URL's.
         url = _without_password(url)
         extra["password"] = password
-    if _parse(settings.url).scheme != "unix":
-        extra["socket_keepalive"] = True
-        extra["socket_keepalive_options"] = _keepalive_options()
     client: redis.asyncio.Redis = redis.asyncio.Redis.from_url(
-        url,
-        socket_timeout=settings.request_timeout_s,
-        socket_connect_timeout=settings.request_timeout_s,
-        retry=Retry(NoBackoff(), 0),
-        retry_on_timeout=False,
-        health_check_interval=0,
-        decode_responses=False,
-        client_name=client_name,
-        **extra,
+        url, decode_responses=False, **policy, **tls, **extra
     )
     return client

@@ -23,6 +23,10 @@ Latency: every caller of a batch gets its reply once the whole batch has been re
 thousand renewals fall due at one instant the last ones wait for all of them (tens of ms on a
 small machine, see bench/many_locks.py); spread renewals keep batches small and replies prompt.
 A linger (`linger_s`) trades latency for fewer round trips when calls are spread: off by default.
+
+Calls made with `ack` (--min-replicas-ack, see replication.py) get a WAIT appended to their
+pipeline: one WAIT at the end covers every write of the batch, since WAIT waits for all writes
+of its connection. Such callers get `(reply, replicas_acknowledged)`.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 from redis.typing import EncodableT, KeyT
 
+from elector.backend.replication import ReplicaAck, acknowledged, run_script_acked
+
 #: Upper bound of the commands in one pipeline: a bigger burst is split, so that one slow batch
 #: holds no more than this many callers, and Redis answers each batch without a long stall.
 DEFAULT_MAX_BATCH = 256
@@ -49,6 +55,8 @@ class _Call:
     numkeys: int
     keys_and_args: tuple[Any, ...]
     future: asyncio.Future[Any]
+    #: WAIT for replicas after this call; its future then gets (reply, replicas acknowledged).
+    ack: ReplicaAck | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -80,12 +88,20 @@ class ScriptBatcher:
         self.stats = BatcherStats()
 
     async def run_script(
-        self, script: AsyncScript, *, keys: Sequence[KeyT] = (), args: Sequence[EncodableT] = ()
+        self,
+        script: AsyncScript,
+        *,
+        keys: Sequence[KeyT] = (),
+        args: Sequence[EncodableT] = (),
+        ack: ReplicaAck | None = None,
     ) -> Any:
-        """Run `script` (registered on any client of the same server); its reply, or its error."""
+        """Run `script` (registered on any client of the same server); its reply, or its error.
+
+        With `ack`: WAIT for replicas after it, and return `(reply, replicas acknowledged)`.
+        """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._queue.append(_Call(script, len(keys), (*keys, *args), future))
+        self._queue.append(_Call(script, len(keys), (*keys, *args), future, ack))
         self.stats.calls += 1
         if len(self._queue) >= self._max_batch:
             self._flush()
@@ -124,28 +140,35 @@ class ScriptBatcher:
             await self._execute_one(calls[0])
             return
         try:
-            replies = await self._pipeline([], calls)
+            replies, wait_reply = await self._pipeline([], calls)
+            waits = [wait_reply] * len(calls)
             missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
             if missing:
                 self.stats.noscript_retries += len(missing)
-                retried = await self._pipeline(
+                retried, retried_wait = await self._pipeline(
                     list({calls[i].script.sha: calls[i].script for i in missing}.values()),
                     [calls[i] for i in missing],
                 )
                 for i, reply in zip(missing, retried, strict=True):
                     replies[i] = reply
+                    waits[i] = retried_wait  # the first WAIT covered no write of a retried call
         except Exception as exc:  # the connection failed: every caller of this batch gets it
             for call in calls:
                 if not call.future.done():
                     call.future.set_exception(copy.copy(exc))
             return
-        for call, reply in zip(calls, replies, strict=True):
+        for call, reply, wait in zip(calls, replies, waits, strict=True):
             if call.future.done():
                 continue  # the caller gave up; its reply is dropped
             if isinstance(reply, Exception):
                 call.future.set_exception(reply)
-            else:
+            elif call.ack is None:
                 call.future.set_result(reply)
+            else:
+                try:
+                    call.future.set_result((reply, acknowledged(wait)))
+                except Exception as exc:  # WAIT itself failed (e.g. sent to a replica)
+                    call.future.set_exception(exc)
 
     async def _execute_one(self, call: _Call) -> None:
         # A batch of one (renewals spread over time) skips the pipeline's bookkeeping: the plain
@@ -153,7 +176,10 @@ class ScriptBatcher:
         self.stats.pipelines += 1
         keys, args = call.keys_and_args[: call.numkeys], call.keys_and_args[call.numkeys :]
         try:
-            reply = await call.script(keys=keys, args=args, client=self._client)
+            if call.ack is None:
+                reply = await call.script(keys=keys, args=args, client=self._client)
+            else:
+                reply = await run_script_acked(self._client, call.script, keys=keys, args=args, ack=call.ack)
         except Exception as exc:
             if not call.future.done():
                 call.future.set_exception(exc)
@@ -161,13 +187,21 @@ class ScriptBatcher:
         if not call.future.done():
             call.future.set_result(reply)
 
-    async def _pipeline(self, load: list[AsyncScript], calls: list[_Call]) -> list[Any]:
-        """One round trip: SCRIPT LOAD each of `load`, then EVALSHA each call; the calls' replies."""
+    async def _pipeline(self, load: list[AsyncScript], calls: list[_Call]) -> tuple[list[Any], Any]:
+        """One round trip: SCRIPT LOAD each of `load`, EVALSHA each call, then one WAIT if a call
+        asked for replicas' acknowledgement; the calls' replies and WAIT's (None without)."""
         pipe = self._client.pipeline(transaction=False)
         for script in load:
             pipe.script_load(script.script)
+        ack: ReplicaAck | None = None
         for call in calls:
             pipe.evalsha(call.script.sha, call.numkeys, *call.keys_and_args)
+            if call.ack is not None:
+                ack = call.ack.widest(ack)
+        if ack is not None:
+            pipe.execute_command("WAIT", ack.replicas, ack.timeout_ms)
         self.stats.pipelines += 1
         replies: list[Any] = await pipe.execute(raise_on_error=False)
-        return replies[len(load) :]
+        if ack is None:
+            return replies[len(load) :], None
+        return replies[len(load) : -1], replies[-1]

@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import redis.asyncio
 import redis.exceptions
 from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.typing import EncodableT, KeyT
 
 from elector.backend import registry, scripts
+from elector.backend.replication import ReplicaAck, ReplicationAckError, run_script_acked
 from elector.lease import (
     AcquireResult,
     BackendErrorKind,
@@ -120,6 +122,10 @@ def _translate(exc: Exception, *, what: str, keys: str = "") -> LeaseBackendErro
         return LeaseBackendError(f"{what}: Redis answered an error: {text}", kind=BackendErrorKind.SERVER)
     if isinstance(exc, redis.exceptions.RedisError):
         return LeaseBackendError(f"{what}: {type(exc).__name__}: {exc}", kind=BackendErrorKind.SERVER)
+    if isinstance(exc, redis.exceptions.RedisClusterException):
+        # The cluster client's own state errors (no node serves the slot, a failed topology
+        # refresh) are not RedisErrors, but neither are they garbage data: a server-side state.
+        return LeaseBackendError(f"{what}: Redis Cluster: {exc}", kind=BackendErrorKind.SERVER)
     return LeaseBackendError(
         f"{what}: unexpected reply from Redis ({type(exc).__name__}: {exc})", kind=BackendErrorKind.DATA
     )
@@ -132,6 +138,10 @@ class RedisLeaseBackend:
     (one pub/sub connection for every lock's announcements) and one `ScriptBatcher` (script calls
     that fall due together go out as one pipeline). Without them: a pub/sub connection per
     subscription, a round trip per call.
+
+    With `replica_ack` (--min-replicas-ack) every grant and renewal is followed by a WAIT on the
+    same connection; too few acknowledgements make it a failed request (ReplicationAckError),
+    and an unacknowledged grant is released first.
     """
 
     def __init__(
@@ -142,8 +152,13 @@ class RedisLeaseBackend:
         key_prefix: str = "elector",
         hub: EventHub | None = None,
         batcher: ScriptBatcher | None = None,
+        replica_ack: ReplicaAck | None = None,
     ) -> None:
+        if batcher is not None and isinstance(client, RedisCluster):
+            # redis-py's cluster pipelines refuse EVALSHA; each lock's calls go to its own master.
+            raise ValueError("a ScriptBatcher cannot be used with a Redis Cluster client")
         self._client = client
+        self._replica_ack = replica_ack
         self._hub = hub
         self._batcher = batcher
         self._lock = lock
@@ -167,7 +182,8 @@ class RedisLeaseBackend:
         except LeaseBackendError:
             raise
         except Exception as exc:  # every client failure becomes the one domain error
-            keys = f"{self.keys.lease} or {self.keys.fencing} or {self.keys.quiet}"
+            # Every key a script reads without pcall: the server key too (ACQUIRE GETs it).
+            keys = f"{self.keys.lease} or {self.keys.fencing} or {self.keys.quiet} or {self.keys.server}"
             raise _translate(exc, what=what, keys=keys) from exc
 
     async def _run(
@@ -178,6 +194,19 @@ class RedisLeaseBackend:
             return await self._batcher.run_script(script, keys=keys, args=args)
         return await script(keys=keys, args=args)
 
+    async def _run_acked(
+        self, script: AsyncScript, *, keys: Sequence[KeyT], args: Sequence[EncodableT]
+    ) -> tuple[Any, int | None]:
+        """`_run` followed by the WAIT of --min-replicas-ack on the same connection, when set;
+        the reply and how many replicas acknowledged it (None without the setting)."""
+        ack = self._replica_ack
+        if ack is None:
+            return await self._run(script, keys=keys, args=args), None
+        if self._batcher is not None:
+            reply, acked = await self._batcher.run_script(script, keys=keys, args=args, ack=ack)
+            return reply, acked
+        return await run_script_acked(self._client, script, keys=keys, args=args, ack=ack)
+
     async def acquire(self, identity: str, *, ttl_ms: int, priority: int = 0) -> AcquireResult:
         if ttl_ms <= 0:
             raise ValueError(f"ttl must be positive, got {ttl_ms} ms")
@@ -187,9 +216,9 @@ class RedisLeaseBackend:
         owner_token = self._uncertain_token or secrets.token_hex(16)
         self._uncertain_token = owner_token
         try:
-            reply: Any = await self._call(
+            reply, acked = await self._call(
                 "acquire",
-                lambda: self._run(
+                lambda: self._run_acked(
                     self._acquire,
                     keys=[
                         self.keys.lease,
@@ -219,6 +248,10 @@ class RedisLeaseBackend:
                     ttl_ms=ttl_ms,
                     value=value,
                 )
+                if acked is not None and self._replica_ack is not None and acked < self._replica_ack.replicas:
+                    await self._release_unacknowledged(
+                        lease, owner_token=owner_token, acked=acked, ack=self._replica_ack
+                    )
                 return Granted(lease=lease)
             if code == 0:
                 return Held(holder=parse_holder(bytes(reply[1])), remaining_ms=_remaining(int(reply[2])))
@@ -235,14 +268,28 @@ class RedisLeaseBackend:
         keys = [self.keys.lease, self.keys.candidates, self.keys.candidate_expiry, self.keys.handoff]
         identity = registry.encode_identity(lease.identity)
         args: list[str | int] = [lease.value, lease.ttl_ms, identity, priority]
-        reply: Any = await self._call("renew", lambda: self._run(self._renew, keys=keys, args=args))
+        reply, acked = await self._call("renew", lambda: self._run_acked(self._renew, keys=keys, args=args))
         try:
             if int(reply[0]) == 1:
+                if acked is not None and self._replica_ack is not None and acked < self._replica_ack.replicas:
+                    raise ReplicationAckError("renew", acked=acked, ack=self._replica_ack)
                 handoff, rival = registry.parse_renewed(reply)
                 return Renewed(handoff=handoff, best_rival=rival)
             return Lost(holder=parse_holder(bytes(reply[1])), remaining_ms=_remaining(int(reply[2])))
         except (IndexError, TypeError, ValueError) as exc:
             raise _translate(exc, what="renew") from exc
+
+    async def _release_unacknowledged(
+        self, lease: Lease, *, owner_token: str, acked: int, ack: ReplicaAck
+    ) -> None:
+        """Give back a grant too few replicas acknowledged, then raise ReplicationAckError."""
+        try:
+            released = await self.release(lease)
+        except LeaseBackendError:
+            # It lapses with its ttl, unless a retry (same owner token) adopts it and WAITs again.
+            self._uncertain_token = owner_token
+            released = False
+        raise ReplicationAckError("acquire", acked=acked, ack=ack, released=released)
 
     async def release(
         self, lease: Lease, *, handoff_to: str | None = None, handoff_window_ms: int = 0
@@ -338,6 +385,10 @@ class RedisLeaseBackend:
         if hub is not None:
             # The hub's one connection carries every lock's channel and keeps itself alive.
             return await self._call("subscribe", lambda: hub.subscribe(self.keys.channel))
+        if isinstance(self._client, RedisCluster):
+            # ClusterPubSub picks the node serving the channel's slot from the client's slot
+            # map, which is empty until the client's first command: fill it first.
+            await self._call("subscribe", self._client.initialize)
         pubsub = self._client.pubsub()
         try:
             await self._call("subscribe", lambda: pubsub.subscribe(self.keys.channel))
@@ -350,8 +401,22 @@ class RedisLeaseBackend:
             pubsub, request_timeout_s=self._request_timeout(), keepalive_s=keepalive_s
         )
 
+    @property
+    def client(self) -> redis.asyncio.Redis:
+        """The client this backend sends through (backends built on this one run scripts on it)."""
+        return self._client
+
+    async def call_script(
+        self, what: str, script: AsyncScript, *, keys: Sequence[KeyT], args: Sequence[EncodableT] = ()
+    ) -> Any:
+        """Run a script registered on `client` like the backend's own: batched, errors translated."""
+        return await self._call(what, lambda: self._run(script, keys=keys, args=args))
+
     def _request_timeout(self) -> float:
-        kwargs = self._client.connection_pool.connection_kwargs
+        if isinstance(self._client, RedisCluster):
+            kwargs = self._client.get_connection_kwargs()
+        else:
+            kwargs = self._client.connection_pool.connection_kwargs
         timeout = kwargs.get("socket_timeout")
         return float(timeout) if timeout else 1.0
 

@@ -22,7 +22,7 @@ class DaemonProcess:
     def __init__(
         self,
         *,
-        redis_url: str,
+        redis_url: str | None,
         identity: str,
         log_dir: Path,
         lock: str = "jobs",
@@ -35,7 +35,7 @@ class DaemonProcess:
         self.log_path = log_dir / f"{identity}.log"
         self.command = [
             sys.executable, "-m", "elector", "run",
-            "--redis-url", redis_url,
+            *(["--redis-url", redis_url] if redis_url is not None else []),
             "--lock", lock,
             "--identity", identity,
             "--ttl", ttl,
