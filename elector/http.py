@@ -8,6 +8,7 @@ for Services that route to the leader only.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import ipaddress
 import logging
@@ -28,6 +29,13 @@ _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 #: A DNS name or dotted IPv4 address; anything else cannot be listened on anyway.
 _HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
 _MAX_PORT = 65535
+#: Probes and scrapes need a handful of connections; beyond this many open at once, new ones
+#: are closed at once, so that a flood of (slow) clients cannot take every file descriptor
+#: the daemon needs for Redis.
+DEFAULT_MAX_CONNECTIONS = 128
+#: A connection that has not completed a request within this long is closed (aiohttp's own
+#: default is an hour): it bounds how long a slowloris client holds a descriptor.
+DEFAULT_IDLE_TIMEOUT_S = 5.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -35,10 +43,18 @@ class HttpSettings:
     host: str = "0.0.0.0"
     #: 0 asks the system for a free port (see `HttpServer.bound_port`).
     port: int = 8080
+    #: Most connections open at once; further ones are closed as soon as they are accepted.
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    #: Close a connection idle (or still sending its request) for this long, seconds.
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= _MAX_PORT:
             raise ValueError(f"HTTP port {self.port} is out of range 0..{_MAX_PORT}")
+        if self.max_connections < 1:
+            raise ValueError(f"HTTP max connections must be at least 1, got {self.max_connections}")
+        if not self.idle_timeout_s > 0:
+            raise ValueError(f"HTTP idle timeout must be positive, got {self.idle_timeout_s}")
 
     @property
     def address(self) -> str:
@@ -202,6 +218,47 @@ class HttpBindError(OSError):
     """The HTTP server could not listen on its address (in use, not permitted, unknown host)."""
 
 
+#: Longer than aiohttp takes to register an accepted connection, unless the loop is starved.
+_REGISTRATION_S = 0.1
+
+
+class _Refused(asyncio.Protocol):
+    """Stands in for a connection over the limit: closes it as soon as it is accepted."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
+class _LimitedTCPSite(web.TCPSite):
+    """A TCPSite whose connections beyond `max_connections` are closed on arrival."""
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int, *, max_connections: int) -> None:
+        super().__init__(runner, host, port)
+        self._max_connections = max_connections
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registers the site with the runner
+        server = self._runner.server
+        assert server is not None  # set by runner.setup()
+        limit = self._max_connections
+        loop = asyncio.get_running_loop()
+        # Accepted but not yet registered by aiohttp (it registers in connection_made, scheduled
+        # after a whole burst of accepts): counted for a moment, so a burst cannot slip through.
+        pending = [0]
+
+        def settled() -> None:
+            pending[0] -= 1
+
+        def protocol() -> asyncio.Protocol:
+            if len(server.connections) + pending[0] >= limit:
+                return _Refused()
+            pending[0] += 1
+            loop.call_later(_REGISTRATION_S, settled)
+            return server()
+
+        self._server = await loop.create_server(protocol, self._host, self._port, backlog=self._backlog)
+
+
 class HttpServer:
     """Serves an application on one address until stopped."""
 
@@ -214,9 +271,16 @@ class HttpServer:
         if self._runner is not None:
             raise RuntimeError("the HTTP server is already started")
         # No access log: probes every few seconds would drown the useful lines.
-        runner = web.AppRunner(self._app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            self._app,
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=self._settings.idle_timeout_s,
+        )
         await runner.setup()
-        site = web.TCPSite(runner, self._settings.host, self._settings.port)
+        site = _LimitedTCPSite(
+            runner, self._settings.host, self._settings.port, max_connections=self._settings.max_connections
+        )
         try:
             await site.start()
         except OSError as exc:

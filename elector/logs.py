@@ -201,11 +201,15 @@ class OutcomeLogger:
 
     One INFO line per transition; a WARNING when Redis becomes unreachable and an INFO when it
     is back, DEBUG for repeats; one INFO per quiet period; one INFO when another holder is
-    seen. Renewals and `held` cycles are DEBUG only.
+    seen; one WARNING when the lock is blocked by a value elector did not write. Renewals and
+    `held` cycles are DEBUG only. `lease_key` (the lock's lease key in Redis) is named in the
+    warning about a foreign value, so that an operator knows what to inspect or delete.
     """
 
-    def __init__(self, logger: structlog.stdlib.BoundLogger) -> None:
+    def __init__(self, logger: structlog.stdlib.BoundLogger, *, lease_key: str | None = None) -> None:
         self._log = logger
+        self._lease_key = lease_key
+        self._foreign_value_seen = False
         self._backend_failing_since: float | None = None
         self._in_quiet_period = False
         # None until a first observation; then (holder,) so that "lock free" is a value too.
@@ -213,6 +217,7 @@ class OutcomeLogger:
 
     def __call__(self, outcome: CycleOutcome) -> None:
         self._track_backend(outcome)
+        self._track_foreign_value(outcome)
         self._track_quiet_period(outcome)
         if outcome.is_transition:
             self._log_transition(outcome)
@@ -222,15 +227,40 @@ class OutcomeLogger:
 
     def _track_backend(self, outcome: CycleOutcome) -> None:
         if outcome.kind in _BACKEND_ERRORS:
+            kind = _optional(error_kind=outcome.error_kind)
             if self._backend_failing_since is None:
                 self._backend_failing_since = outcome.at
-                self._log.warning("redis_unreachable", error=outcome.error, outcome=outcome.kind.value)
+                self._log.warning(
+                    "redis_unreachable", error=outcome.error, outcome=outcome.kind.value, **kind
+                )
             else:
-                self._log.debug("redis_error", error=outcome.error, outcome=outcome.kind.value)
+                self._log.debug("redis_error", error=outcome.error, outcome=outcome.kind.value, **kind)
         elif outcome.kind in _BACKEND_OK and self._backend_failing_since is not None:
             down_for_s = max(0.0, outcome.at - self._backend_failing_since)
             self._backend_failing_since = None
             self._log.info("redis_reachable", unreachable_for_s=round(down_for_s, 3))
+
+    def _track_foreign_value(self, outcome: CycleOutcome) -> None:
+        # An attempt answered "held" without a holder: the key holds something elector did not
+        # write (another program, a hand-made SET). It blocks the lock until it expires.
+        if outcome.kind is OutcomeKind.HELD and outcome.holder is None:
+            fields = _optional(key=self._lease_key, remaining_ms=outcome.remaining_ms)
+            if self._foreign_value_seen:
+                self._log.debug("lock_held_by_foreign_value", **fields)
+                return
+            self._foreign_value_seen = True
+            expiry = (
+                "it has no expiry: nobody can lead until it is deleted"
+                if outcome.remaining_ms is None
+                else "nobody can lead until it expires"
+            )
+            self._log.warning(
+                "lock_held_by_foreign_value",
+                hint=f"the lock's lease key holds a value elector did not write; {expiry}",
+                **fields,
+            )
+        elif outcome.kind in _BACKEND_OK:
+            self._foreign_value_seen = False
 
     def _track_quiet_period(self, outcome: CycleOutcome) -> None:
         if outcome.kind is OutcomeKind.QUIET_PERIOD:

@@ -21,6 +21,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from elector.election.outcome import CycleOutcome, ElectionStatus, OutcomeKind, StepDownReason
+from elector.lease import BackendErrorKind
 
 StatusProvider = Callable[[], ElectionStatus]
 
@@ -54,6 +55,12 @@ _RENEW_RESULTS: dict[OutcomeKind, str] = {
     OutcomeKind.RENEW_LOST: "lost",
     OutcomeKind.RENEW_ERROR: "error",
 }
+#: Outcomes of a request that failed. A failed release counts only with an error kind: one
+#: that found the lease no longer ours got an answer.
+_FAILED_REQUESTS = frozenset({OutcomeKind.ACQUIRE_ERROR, OutcomeKind.RENEW_ERROR})
+_ERROR_KINDS: tuple[str, ...] = tuple(kind.value for kind in BackendErrorKind)
+#: The kind of an error outcome that does not say which kind it was.
+UNKNOWN_ERROR_KIND = "unknown"
 
 
 class _StatusCollector:
@@ -165,6 +172,13 @@ class MetricFamilies:
             ["lock", "result"],
             registry=None,
         )
+        self.redis_errors = Counter(
+            "elector_redis_errors_total",
+            "Failed Redis requests, by kind: connection, timeout, auth, data (a key of the lock "
+            "holds something elector did not write: see the logs for which), server.",
+            ["lock", "kind"],
+            registry=None,
+        )
         self.renew_duration = Histogram(
             "elector_renew_duration_seconds",
             "Round trip of renew requests, seconds (failed ones included when they completed).",
@@ -178,6 +192,7 @@ class MetricFamilies:
             self.step_downs,
             self.acquire_attempts,
             self.renewals,
+            self.redis_errors,
             self.renew_duration,
             self.status_collector,
         ]
@@ -194,6 +209,13 @@ class MetricFamilies:
                 "build one MetricFamilies per registry and pass it to every ElectionMetrics"
             ) from exc
         self._locks: set[str] = set()
+        #: Error kinds counted per lock beyond the known ones, so that remove_lock drops them too.
+        self._error_kinds_seen: dict[str, set[str]] = {}
+
+    def count_error(self, lock: str, kind: str) -> None:
+        if kind not in _ERROR_KINDS:
+            self._error_kinds_seen.setdefault(lock, set()).add(kind)
+        self.redis_errors.labels(lock, kind).inc()
 
     def add_lock(self, lock: str, status: StatusProvider) -> None:
         """Create every series of `lock` at 0 and start exporting its status gauges."""
@@ -208,6 +230,8 @@ class MetricFamilies:
             self.acquire_attempts.labels(lock, result)
         for result in _RENEW_RESULTS.values():
             self.renewals.labels(lock, result)
+        for error_kind in _ERROR_KINDS:
+            self.redis_errors.labels(lock, error_kind)
         self.renew_duration.labels(lock)
         self.status_collector.add(lock, status)
 
@@ -224,6 +248,8 @@ class MetricFamilies:
             self.acquire_attempts.remove(lock, result)
         for result in _RENEW_RESULTS.values():
             self.renewals.remove(lock, result)
+        for error_kind in self._error_kinds_seen.pop(lock, set()) | set(_ERROR_KINDS):
+            self.redis_errors.remove(lock, error_kind)
         self.renew_duration.remove(lock)
 
 
@@ -268,10 +294,19 @@ class ElectionMetrics:
             renewal.inc()
             if outcome.duration_s is not None:
                 self._renew_duration.observe(outcome.duration_s)
+        error_kind = outcome.error_kind
+        if kind in _FAILED_REQUESTS or (kind is OutcomeKind.RELEASE_FAILED and error_kind):
+            self.families.count_error(self.lock, _error_kind(outcome))
 
     def close(self) -> None:
         """Stop exporting this lock; its series disappear from the registry."""
         self.families.remove_lock(self.lock)
+
+
+def _error_kind(outcome: CycleOutcome) -> str:
+    # `error_kind` (a BackendErrorKind value) is carried by outcomes of elections that report it.
+    kind = outcome.error_kind
+    return str(kind) if kind else UNKNOWN_ERROR_KIND
 
 
 def register_process_metrics(registry: CollectorRegistry) -> None:

@@ -37,6 +37,7 @@ from elector.election.hooks import ElectionHooks
 from elector.election.outcome import CycleOutcome, ElectionStatus, OutcomeKind, State, StepDownReason
 from elector.election.timing import ElectionTiming
 from elector.lease import (
+    BackendErrorKind,
     Candidate,
     Granted,
     Handoff,
@@ -270,7 +271,9 @@ class Election:
                     self._identity, ttl_ms=self._timing.ttl_ms, priority=self._priority
                 )
         except (LeaseBackendError, TimeoutError) as exc:
-            return self._failed(OutcomeKind.ACQUIRE_ERROR, sent=sent, error=_describe(exc))
+            return self._failed(
+                OutcomeKind.ACQUIRE_ERROR, sent=sent, error=_describe(exc), error_kind=_kind_of(exc)
+            )
         received = self._clock()
         self._backend_ok(received)
 
@@ -370,7 +373,9 @@ class Election:
                     error=error,
                 )
             retry_at = min(received + self._timing.retry_delay_s, deadline)
-            return self._failed(OutcomeKind.RENEW_ERROR, sent=sent, error=error, retry_at=retry_at)
+            return self._failed(
+                OutcomeKind.RENEW_ERROR, sent=sent, error=error, error_kind=_kind_of(exc), retry_at=retry_at
+            )
         received = self._clock()
         self._backend_ok(received)
 
@@ -473,7 +478,8 @@ class Election:
         sent = self._clock()
         self._cycle_due_by = sent + self._timing.request_timeout_s
         kind = OutcomeKind.RELEASED
-        error = None
+        error: str | None = None
+        error_kind: str | None = None
         try:
             async with asyncio.timeout(self._timing.request_timeout_s):
                 if handoff_to is None:
@@ -488,7 +494,7 @@ class Election:
             if not released:
                 kind, error = OutcomeKind.RELEASE_FAILED, "the lease was no longer ours"
         except (LeaseBackendError, TimeoutError) as exc:
-            kind, error = OutcomeKind.RELEASE_FAILED, _describe(exc)
+            kind, error, error_kind = OutcomeKind.RELEASE_FAILED, _describe(exc), _kind_of(exc)
             self._note_failure()
         received = self._clock()
         self._state = State.STOPPED if reason is StepDownReason.SHUTDOWN else State.FOLLOWER
@@ -502,13 +508,20 @@ class Election:
             # A requested step-down (shutdown, resign) is reported here, where it completes.
             step_down_reason=reason if reason in _REQUESTED_STEP_DOWNS else None,
             error=error,
+            error_kind=error_kind,
             next_cycle_at=None if reason is StepDownReason.SHUTDOWN else received,
         )
 
     # -- shared helpers ------------------------------------------------------------------------
 
     def _failed(
-        self, kind: OutcomeKind, *, sent: float, error: str, retry_at: float | None = None
+        self,
+        kind: OutcomeKind,
+        *,
+        sent: float,
+        error: str,
+        error_kind: str | None = None,
+        retry_at: float | None = None,
     ) -> CycleOutcome:
         """A failed request; retried at `retry_at`, or after an exponential back-off."""
         received = self._clock()
@@ -526,6 +539,7 @@ class Election:
             duration_s=received - sent,
             holder=self._holder,
             error=error,
+            error_kind=error_kind,
             next_cycle_at=retry_at,
         )
 
@@ -655,6 +669,10 @@ class Election:
 
 #: Step-downs asked for from outside a cycle; their outcome is the release that completes them.
 _REQUESTED_STEP_DOWNS = frozenset({StepDownReason.SHUTDOWN, StepDownReason.RESIGNED})
+
+
+def _kind_of(exc: BaseException) -> str:
+    return exc.kind.value if isinstance(exc, LeaseBackendError) else BackendErrorKind.TIMEOUT.value
 
 
 def _describe(exc: BaseException) -> str:

@@ -74,6 +74,9 @@ class CycleOutcome:
     step_down_reason: StepDownReason | None = None
     #: A short, secret-free description of the error, for logs.
     error: str | None = None
+    #: The failed request's BackendErrorKind value (connection, timeout, auth, data, server), for
+    #: metrics: a data error (someone else's value at our key) needs a person, a timeout does not.
+    error_kind: str | None = None
 
     @property
     def is_transition(self) -> bool:
