@@ -37,6 +37,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from elector.backend import InvalidRedisSettingsError, RedisLeaseBackend, RedisSettings, make_client
+from elector.backend.sentinel_watch import SentinelMasterWatcher, default_poll_interval_s, watch_master
 from elector.config import SettingsError, default_identity, validate_identity, validate_lock_name
 from elector.election import (
     CycleOutcome,
@@ -264,6 +265,7 @@ class Elector:
         self._on_new_leader = on_new_leader
         self._election: Election | None = None
         self._task: asyncio.Task[None] | None = None
+        self._master_watcher: SentinelMasterWatcher | None = None
         self._callbacks: _CallbackRunner | None = None
         self._term: Leadership | None = None
         self._ever_led = False
@@ -289,6 +291,14 @@ class Elector:
             raise RuntimeError(f"the Elector of lock {self.lock!r} was already started")
         if self._settings is not None:
             self._client = make_client(self._settings, client_name=f"elector:{self.lock}:{self.identity}")
+            # A redis+sentinel:// URL: follow a new master at once (see sentinel_watch.py).
+            self._master_watcher = watch_master(
+                self._client,
+                poll_interval_s=default_poll_interval_s(self.timing.renew_interval_s),
+                request_timeout_s=self.timing.request_timeout_s,
+            )
+            if self._master_watcher is not None:
+                self._master_watcher.start()
         assert self._client is not None
         hooks = ElectionHooks(
             on_outcome=self._outcome,
@@ -328,6 +338,8 @@ class Elector:
                 # Cleanup code in on_stopped_leading runs once the election ran, even if it never led.
                 self._callbacks.submit("on_stopped_leading", on_stopped, StepDownReason.SHUTDOWN)
             await self._callbacks.aclose(drain=drain)
+            if self._master_watcher is not None:
+                await self._master_watcher.aclose()
             if self._settings is not None and self._client is not None:
                 await self._client.aclose()
             self._closed.set()

@@ -21,6 +21,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from elector.backend import RedisLeaseBackend
+from elector.backend.sentinel_watch import default_poll_interval_s, watch_master
 from elector.backend.topology import LeaseConnections
 from elector.config import Settings
 from elector.election import CycleOutcome, Election, ElectionHooks, ElectionStatus, State, StepDownReason
@@ -197,6 +198,17 @@ class Daemon:
             keepalive_s=max(60.0, 6 * settings.timing.ttl_s),
             request_timeout_s=settings.timing.request_timeout_s,
         )
+        # A redis+sentinel:// URL: move the connections to a new master at once (a planned failover
+        # leaves the old one writable for ~10 s; see sentinel_watch.py). None for other URLs.
+        self.master_watcher = (
+            watch_master(
+                self.redis.client,
+                poll_interval_s=default_poll_interval_s(settings.timing.renew_interval_s),
+                request_timeout_s=settings.timing.request_timeout_s,
+            )
+            if self.redis.topology == "standalone"
+            else None
+        )
         self.log = make_logger("elector", context=self._log_context)
         register_process_metrics(self.registry)
         families = MetricFamilies(self.registry)
@@ -304,6 +316,8 @@ class Daemon:
         except LeaseBackendError as exc:
             # Not fatal: the elections retry with back-off, and /readyz says Redis is unreachable.
             self.log.warning("redis_unreachable", error=str(exc), detail="at start-up")
+        if self.master_watcher is not None:
+            self.master_watcher.start()  # its loop never raises; closed in the finally below
         self._tasks = [
             asyncio.create_task(self._guarded(lock), name=f"election:{lock.election.lock}")
             for lock in self.locks
@@ -326,6 +340,10 @@ class Daemon:
             await self.http.stop()
             # After a second signal nothing may wait for a Redis that does not answer.
             close_within_s = 0.05 if self._signals_seen >= 2 else settings.timing.request_timeout_s
+            if self.master_watcher is not None:
+                with contextlib.suppress(Exception, TimeoutError):
+                    async with asyncio.timeout(close_within_s):
+                        await self.master_watcher.aclose()
             await self.redis.aclose(within_s=close_within_s)
         self.log.info("stopped", exit_code=self.exit_code)
         return self.exit_code

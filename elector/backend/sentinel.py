@@ -19,6 +19,11 @@ the pool does on a failover (checked in tests/backend/test_sentinel.py):
   not a crash), and the next one connects to whatever the sentinels report then.
 - The announcement hub (hub.py) takes its connection from the same pool, so its reconnect
   after the old connection broke lands on the new master too.
+- A planned failover (SENTINEL FAILOVER) leaves the old master writable for ~10 s and kills no
+  connection: only a master watcher (sentinel_watch.py, which the daemon and the library run)
+  moves the pool's connections at once. Without it, a leader stays on the old master.
+- Discovery asks every sentinel (or uses the watcher's answer), not just the first one: the
+  failover leader reports the old address in SENTINEL MASTERS until its failover ends.
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ import urllib.parse
 from typing import Any
 
 import redis.asyncio
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.asyncio.sentinel import SentinelConnectionPool
+
+from elector.backend.sentinel_watch import FollowingSentinel
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 DEFAULT_SENTINEL_PORT = 26379
@@ -134,7 +141,7 @@ def make_sentinel_client(
     `connection_kwargs` are the master's connection options (timeouts, retry, TLS files,
     credentials); `sentinel_kwargs` the sentinels' (the same without credentials or db).
     """
-    manager = Sentinel(  # type: ignore[no-untyped-call]
+    manager = FollowingSentinel(  # type: ignore[no-untyped-call]
         list(target.sentinels), sentinel_kwargs=sentinel_kwargs, **connection_kwargs
     )
     client: redis.asyncio.Redis = manager.master_for(target.master_name, redis_class=SentinelMasterClient)

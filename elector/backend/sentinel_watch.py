@@ -21,17 +21,18 @@ idle and in-use alike (a request in flight fails at once with a ConnectionError:
 never a false success on a master that is being abandoned). New connections ask the watcher's
 answer instead of a single sentinel, so they cannot land on the old master either.
 
-Why it is safe without --min-replicas-ack (R = renew interval, P = poll interval = min(1 s, R/2),
-q = request timeout <= R/2; the default ttl 10 s gives R = 3 s, P = 1 s, q = 1 s):
+Why it is safe without --min-replicas-ack (R = renew interval = 0.3 ttl, P = poll interval =
+min(1 s, R/2), q = request timeout <= R/2; the default ttl 10 s gives R = 3 s, P = 1 s, q = 1 s):
 
-- The new master holds the lease key as of the last renewal replicated before the promotion, sent
-  at T_rep >= T_promote - R (renewals are R apart), so it lives until T_rep + ttl.
-- The sentinels mark the failover leader's chosen replica `promoted` before they send it
-  `SLAVEOF NO ONE`; the watcher sees that by T_promote + P + q (pub/sub: within milliseconds).
-  Until the promotion lands, requests sent to the replica fail (READONLY): failed renewals only.
-- The leader's next renewal after that is sent within R: by T_rep + 2R + P + 2q <= T_rep + 0.9 ttl
-  (defaults: 0.3 + 0.3 + 0.15 + 0.15 ttl... measured much less). It finds its own value on the
-  new master and renews it there: same fencing token, no step-down.
+- The new master holds the lease key as of the leader's last renewal replicated before the
+  promotion (SLAVEOF NO ONE at T_p), sent at T_rep > T_p - R, so the key lives until T_rep + ttl.
+- The failover leader flags its chosen replica `promoted` before it sends SLAVEOF NO ONE; the
+  watcher sees that by T_p + P + q (with pub/sub, `+selected-slave`: within milliseconds), and
+  from then on every request goes to the new master (until the promotion lands it answers
+  READONLY: a failed renewal, harmless). Renewals are R apart: the first one that reaches the new
+  master is sent by T_rep + 2R (R + P + q <= 2R) and answered by T_rep + 2R + q <= T_rep + 0.75 ttl,
+  before the key expires (defaults: 7 s after T_rep, the key lives 10 s). It finds the leader's own
+  value there and renews it: same fencing token, no step-down.
 - Should the key still have expired (a ttl so short that the sentinels' own delays matter; or a
   watcher that could not reach any sentinel), the renewal finds it gone and the leader steps down
   at once, while nobody can be granted on the new master before T_rep + 2 ttl: its run_id differs
@@ -104,6 +105,10 @@ def _address(host: Any, port: Any) -> Address:
     return text, int(port)
 
 
+def _connected_to(connection: Any) -> Address:
+    return str(connection.host), int(connection.port)
+
+
 def best_master(answers: list[SentinelAnswer]) -> Address | None:
     """The replica being promoted if a failover is in progress, else the newest configuration's."""
     if not answers:
@@ -137,7 +142,9 @@ class FollowingSentinel(Sentinel):
         return [r for r in results if isinstance(r, SentinelAnswer)]
 
     @staticmethod
-    async def _ask_one(sentinel: redis.asyncio.Redis, service_name: str, *, timeout_s: float) -> SentinelAnswer:
+    async def _ask_one(
+        sentinel: redis.asyncio.Redis, service_name: str, *, timeout_s: float
+    ) -> SentinelAnswer:
         async with asyncio.timeout(timeout_s):
             async with sentinel.pipeline(transaction=False) as pipe:
                 pipe.sentinel_get_master_addr_by_name(service_name)
@@ -254,7 +261,7 @@ class SentinelMasterWatcher:
         old = self._manager.followed or pool.master_address
         self._manager.followed = address
         connections = [*pool._available_connections, *pool._in_use_connections]
-        stale = [c for c in connections if c.is_connected and (c.host, c.port) != address]
+        stale = [c for c in connections if c.is_connected and _connected_to(c) != address]
         if old == address and not stale:
             return None
         pool.master_address = address
@@ -269,7 +276,10 @@ class SentinelMasterWatcher:
         if old is not None:
             logger.warning(
                 "sentinel master switched from %s:%s to %s:%s (noticed by %s); %d connections closed",
-                *old, *address, cause, len(stale),
+                *old,
+                *address,
+                cause,
+                len(stale),
             )
         return switch
 
@@ -296,7 +306,7 @@ class SentinelMasterWatcher:
             finally:
                 with contextlib.suppress(Exception, TimeoutError):
                     async with asyncio.timeout(self.request_timeout_s):
-                        await pubsub.aclose()
+                        await pubsub.aclose()  # type: ignore[no-untyped-call]
             await asyncio.sleep(backoff_s)
             backoff_s = min(RESUBSCRIBE_MAX_S, backoff_s * 2)
 
@@ -332,5 +342,7 @@ def watch_master(
     """A watcher for `client` if it is a sentinel client (make_client), else None. Not started."""
     pool = client.connection_pool
     if isinstance(pool, SentinelConnectionPool) and isinstance(pool.sentinel_manager, FollowingSentinel):
-        return SentinelMasterWatcher(pool, poll_interval_s=poll_interval_s, request_timeout_s=request_timeout_s)
+        return SentinelMasterWatcher(
+            pool, poll_interval_s=poll_interval_s, request_timeout_s=request_timeout_s
+        )
     return None
