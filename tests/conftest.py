@@ -11,7 +11,13 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from elector.redis_server import RedisServerNotFound, RedisServerProcess, find_redis_server
+from tests.faults.options import add_options as add_fault_options
 from tests.support.tcp_proxy import TcpProxy
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """The fault suite's options: here, since pytest reads options only from the first conftests."""
+    add_fault_options(parser)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -1,0 +1,218 @@
+"""The faults, each injected into a running Cluster and journaled for the checker.
+
+Every function journals a ``fault`` record (kind, time, the leader child's pid, the unavoidable
+gap it excuses from the availability, whether a takeover is expected) at the moment the fault
+begins, heals the fault itself when it is a temporary one, and returns what the scenario tests
+need to assert on. "The leader" is the node whose child runs the newest term.
+
+A crash or a freeze hits the whole pod, as a container runtime or a frozen VM would: the daemon
+AND its command's process group. (SIGKILL of the daemon alone leaves its command running: the
+documented limit of exec mode, which the runtime covers by killing the container.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import time
+
+import redis
+
+from tests.support.sentinel import SentinelSetError
+
+from .harness import Cluster, Node
+
+#: Kinds that take the leader away: the checker measures a takeover after each.
+TAKEOVER_KINDS = frozenset({"kill_leader", "term_leader", "pause_long", "cut_leader", "blackhole_leader",
+                            "redis_restart", "sentinel_failover", "sentinel_kill_master"})  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Injected:
+    kind: str
+    t: float
+    node: Node
+    child_pid: int
+
+
+def _record(cluster: Cluster, kind: str, *, excuse_ttls: float, node: Node, child_pid: int) -> Injected:
+    t = time.monotonic()
+    cluster.journal.append(
+        "fault", fault=kind, t=t, target=node.identity, target_pid=child_pid,
+        excuse_s=excuse_ttls * cluster.ttl_s, takeover=kind in TAKEOVER_KINDS,
+    )  # fmt: skip
+    return Injected(kind, t, node, child_pid)
+
+
+def _leader(cluster: Cluster) -> tuple[Node, int]:
+    return cluster.wait_for_leader(timeout_s=10 + 3 * cluster.ttl_s)
+
+
+def kill_leader(cluster: Cluster) -> Injected:
+    """SIGKILL the leader's pod: the daemon and its command's process group, at once."""
+    node, child = _leader(cluster)
+    injected = _record(cluster, "kill_leader", excuse_ttls=1.0, node=node, child_pid=child)
+    os.kill(node.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child, signal.SIGKILL)
+    node.daemon.wait(timeout_s=5)
+    cluster.retire(node)
+    return injected
+
+
+def term_leader(cluster: Cluster) -> tuple[Injected, int]:
+    """SIGTERM the leader's daemon: it stops its command, releases, exits 0. Returns its exit code."""
+    node, child = _leader(cluster)
+    injected = _record(cluster, "term_leader", excuse_ttls=0.0, node=node, child_pid=child)
+    node.daemon.signal(signal.SIGTERM)
+    code = node.daemon.wait(timeout_s=10)
+    cluster.retire(node)
+    return injected, code
+
+
+@dataclasses.dataclass(frozen=True)
+class Paused:
+    injected: Injected
+    frozen: float
+    resumed: float
+
+
+def pause_leader(cluster: Cluster, *, seconds: float, child_first: bool = False) -> Paused:
+    """SIGSTOP the leader's pod (daemon and command) for `seconds`, then SIGCONT it.
+
+    child_first: resume the command first and let it make one write (rejected, if the pause
+    outlived the lease) before resuming the daemon. A VM resumes its threads in any order; this
+    one makes sure the stale write happens, so the test can check the fence rejects it.
+    """
+    node, child = _leader(cluster)
+    kind = "pause_long" if seconds > cluster.ttl_s else "pause_short"
+    injected = _record(cluster, kind, excuse_ttls=1.0 if kind == "pause_long" else 0.0, node=node,
+                       child_pid=child)  # fmt: skip
+    os.kill(node.pid, signal.SIGSTOP)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child, signal.SIGSTOP)
+    frozen = time.monotonic()  # after the last SIGSTOP: until then the processes could act
+    time.sleep(seconds)
+    resumed = time.monotonic()  # before the first SIGCONT
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child, signal.SIGCONT)
+    if child_first:
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and not _wrote_since(cluster, node, child, resumed):
+            time.sleep(0.005)
+    os.kill(node.pid, signal.SIGCONT)
+    cluster.journal.append(
+        "pause", pids=[node.pid, child], t=frozen, t_resume=resumed, identity=node.identity
+    )
+    return Paused(injected, frozen, resumed)
+
+
+def _wrote_since(cluster: Cluster, node: Node, child: int, since: float) -> bool:
+    for line in node.journal.read_text().splitlines():
+        record = json.loads(line)
+        if record["kind"] in ("write", "end") and record["pid"] == child and record["t"] >= since:
+            return True
+    return False
+
+
+def link_fault(cluster: Cluster, kind: str, *, seconds: float, delay_s: float = 0.0) -> Injected:
+    """Fault the leader's link to the lock Redis for `seconds`: `cut_leader` (RST),
+    `blackhole_leader` (silence), or `slow_leader` (each chunk `delay_s` late); then heal it."""
+    node, child = _leader(cluster)
+    injected = _record(cluster, kind, excuse_ttls=1.0, node=node, child_pid=child)
+    proxy = node.proxy_of()
+    if kind == "cut_leader":
+        cluster.proxies.call(proxy.cut)
+    elif kind == "blackhole_leader":
+        cluster.proxies.call(proxy.blackhole)
+    elif kind == "slow_leader":
+        cluster.proxies.call(lambda: proxy.delay(delay_s))
+    else:
+        raise ValueError(f"unknown link fault {kind!r}")
+    time.sleep(seconds)
+    cluster.proxies.call(proxy.restore)
+    return injected
+
+
+def cut_follower(cluster: Cluster, *, seconds: float) -> Injected:
+    """Cut one follower off the lock Redis for `seconds`: the leader must not notice."""
+    node, child = _leader(cluster)
+    follower = next(n for n in cluster.nodes if n is not node)
+    injected = _record(cluster, "cut_follower", excuse_ttls=0.0, node=node, child_pid=child)
+    cluster.proxies.call(follower.proxy_of().cut)
+    time.sleep(seconds)
+    cluster.proxies.call(follower.proxy_of().restore)
+    return injected
+
+
+def redis_restart(cluster: Cluster) -> Injected:
+    """Restart the lock Redis empty (no persistence) on the same port."""
+    node, child = _leader(cluster)
+    # The old lease is gone at once; the quiet period (one ttl) starts at the first acquire.
+    injected = _record(cluster, "redis_restart", excuse_ttls=2.0, node=node, child_pid=child)
+    cluster.lock_redis.restart_empty()
+    return injected
+
+
+def sentinel_failover(cluster: Cluster, *, kill_master: bool) -> tuple[Injected, tuple[str, int]]:
+    """A Sentinel failover: planned (SENTINEL FAILOVER), or forced by a SIGKILL of the master.
+
+    Returns the new master's address once every sentinel names it. A planned failover is recorded
+    when a sentinel accepts it, not when it was first asked for: shortly after a start or another
+    failover the sentinels refuse it (NOGOODSLAVE, INPROG) for seconds, and that wait is neither a
+    fault nor elector's."""
+    sentinel = cluster.sentinel
+    if sentinel is None:
+        raise AssertionError("a Sentinel fault needs a Cluster built with sentinel=")
+    node, child = _leader(cluster)
+    kind = "sentinel_kill_master" if kill_master else "sentinel_failover"
+    # The promoted replica has another run_id: one quiet ttl; a SIGKILL adds down-after (1 s).
+    if kill_master:
+        injected = _record(cluster, kind, excuse_ttls=2.0, node=node, child_pid=child)
+        return injected, sentinel.kill_master()
+    old = sentinel.master_address()
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with sentinel.sentinels[0].client() as client:
+                client.execute_command("SENTINEL", "FAILOVER", sentinel.master_name)
+            break
+        except redis.ResponseError as exc:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"SENTINEL FAILOVER kept being refused: {exc}") from None
+            time.sleep(0.1)
+    injected = _record(cluster, kind, excuse_ttls=2.0, node=node, child_pid=child)
+    while time.monotonic() < deadline:
+        with contextlib.suppress(redis.RedisError, SentinelSetError):
+            address = sentinel.master_address()
+            if address != old:
+                return injected, address
+        time.sleep(0.05)
+    raise AssertionError("the sentinels named no new master in time")
+
+
+def heal_sentinel(cluster: Cluster, *, timeout_s: float = 30.0) -> None:
+    """Bring a SIGKILLed ex-master back (empty; the sentinels turn it into a replica of the new
+    master) and wait until every replica is linked again, so the next failover has a candidate."""
+    sentinel = cluster.sentinel
+    if sentinel is None:
+        return
+    for server in sentinel.servers:
+        if not server.running:
+            server.start()
+    deadline = time.monotonic() + timeout_s
+    expected = len(sentinel.servers) - 1
+    while time.monotonic() < deadline:
+        with contextlib.suppress(redis.RedisError, SentinelSetError):
+            host, port = sentinel.master_address()
+            with redis.Redis(host=host, port=port, socket_timeout=1.0) as client:
+                info = client.info("replication")
+            linked = [k for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)
+                      and v.get("state") == "online"]  # fmt: skip
+            if info.get("role") == "master" and len(linked) == expected:
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"the Sentinel deployment did not heal within {timeout_s}s")

@@ -1,0 +1,182 @@
+"""Each fault once, against three real exec-mode daemons; the checker judges the journals after.
+
+Every scenario ends with `judge()`: no overlapping terms (except a frozen ex-leader's, covered by
+fencing), fencing tokens strictly increasing, no stale fenced write accepted. The scenario-
+specific asserts come on top. Times are asserted only with wide margins (the machine is busy).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.daemon import DaemonProcess, wait_until
+
+from . import faults
+from .checker import Report, check
+from .harness import CHILD, RESOURCE_KEY, Cluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+TTL_S = 2.0
+
+
+def judge(cluster: Cluster) -> Report:
+    """Stop the cluster and check its journals; fail with the whole story on any violation."""
+    cluster.stop()
+    report = check(cluster.directory)
+    assert report.violations == 0, report.explain()
+    assert report.writes_accepted > 0, report.explain()
+    return report
+
+
+def test_sigkill_of_the_leader_pod_is_taken_over_after_the_lease_expires(cluster: Cluster) -> None:
+    time.sleep(0.5)
+    killed = faults.kill_leader(cluster)
+    node, _ = cluster.wait_for_leader(timeout_s=TTL_S + 8, not_pid=killed.child_pid)
+    assert node is not killed.node
+    time.sleep(0.5)
+    report = judge(cluster)
+    (takeover,) = report.takeovers_s
+    assert takeover <= TTL_S + 5, report.explain()  # the lease's ttl, plus the child's start-up
+    assert report.covered_overlaps == []
+
+
+def test_sigterm_of_the_leader_releases_and_the_next_term_has_a_higher_token(cluster: Cluster) -> None:
+    time.sleep(0.5)
+    injected, code = faults.term_leader(cluster)
+    assert code == 0
+    cluster.wait_for_leader(timeout_s=TTL_S + 8, not_pid=injected.child_pid)
+    events = [line.get("event") for line in injected.node.daemon.log_lines()]
+    assert "released" in events, events
+    report = judge(cluster)
+    old = next(term for term in report.terms if term.pid == injected.child_pid)
+    assert old.end_source == "end"  # stopped by its SIGTERM, not killed
+    assert report.covered_overlaps == []
+
+
+def test_a_pause_shorter_than_the_margin_costs_no_term(cluster: Cluster) -> None:
+    time.sleep(0.5)
+    paused = faults.pause_leader(cluster, seconds=0.25 * TTL_S)  # < ttl - renew deadline (ttl/3)
+    time.sleep(TTL_S)
+    found = cluster.leader()
+    assert found is not None and found[1] == paused.injected.child_pid  # still the same term
+    report = judge(cluster)
+    assert report.covered_overlaps == []
+
+
+def test_a_pause_longer_than_the_ttl_is_covered_by_fencing(cluster: Cluster) -> None:
+    time.sleep(0.5)
+    paused = faults.pause_leader(cluster, seconds=1.5 * TTL_S, child_first=True)
+    old = paused.injected
+    wait_until(lambda: old.child_pid in cluster.gone, timeout_s=cluster.prompt_s + 2)
+    report = judge(cluster)
+    (covered,) = report.covered_overlaps
+    assert covered.older.pid == old.child_pid and covered.newer.start < paused.resumed
+    stale = [w for w in covered.older.writes if w.sent >= paused.resumed]
+    assert stale, "the resumed child made no write to be fenced"
+    assert all(w.accepted is False and w.highest == covered.newer.token for w in stale)
+    reasons = [
+        line.get("reason") for line in old.node.daemon.log_lines() if line.get("event") == "stepped_down"
+    ]
+    assert reasons and reasons[-1] in ("lease_expired", "lost"), reasons
+
+
+@pytest.mark.parametrize("kind", ["cut_leader", "blackhole_leader"])
+def test_a_leader_cut_off_from_redis_stops_its_command_before_anyone_takes_over(
+    cluster: Cluster, kind: str
+) -> None:
+    time.sleep(0.5)
+    injected = faults.link_fault(cluster, kind, seconds=2 * TTL_S)
+    cluster.wait_for_leader(timeout_s=TTL_S + 8, not_pid=injected.child_pid)
+    report = judge(cluster)
+    old = next(term for term in report.terms if term.pid == injected.child_pid)
+    successor = next(term for term in report.terms if term.start > injected.t)
+    assert old.end_source == "end" and old.end < successor.start
+    assert successor.identity != old.identity
+    assert report.covered_overlaps == []
+
+
+def test_a_slow_link_to_the_leader_never_gives_two_leaders(cluster: Cluster) -> None:
+    time.sleep(0.5)
+    # 0.13 s each way: a round trip just inside the request timeout (0.3 s at ttl 2 s), so some
+    # renewals succeed late and, on a loaded machine, some time out.
+    faults.link_fault(cluster, "slow_leader", seconds=2 * TTL_S, delay_s=0.13)
+    cluster.wait_for_leader(timeout_s=TTL_S + 8)
+    report = judge(cluster)
+    assert report.covered_overlaps == []
+
+
+def test_redis_restarted_empty_keeps_tokens_increasing(cluster: Cluster) -> None:
+    time.sleep(0.5)
+    injected = faults.redis_restart(cluster)
+    cluster.wait_for_leader(timeout_s=3 * TTL_S + 8, not_pid=injected.child_pid)
+    time.sleep(0.5)
+    report = judge(cluster)
+    old = next(term for term in report.terms if term.pid == injected.child_pid)
+    successor = next(term for term in report.terms if term.start > injected.t)
+    assert successor.token > old.token and old.end < successor.start
+    quiet = [
+        line
+        for node in cluster.nodes
+        for line in node.daemon.log_lines()
+        if line.get("event") == "quiet_period"
+    ]
+    assert quiet, "no replica reported the quiet period after the data loss"
+
+
+def test_a_follower_cut_off_does_not_disturb_the_leader(cluster: Cluster) -> None:
+    time.sleep(0.5)
+    injected = faults.cut_follower(cluster, seconds=2 * TTL_S)
+    time.sleep(TTL_S)
+    found = cluster.leader()
+    assert found is not None and found[1] == injected.child_pid
+    report = judge(cluster)
+    assert len([t for t in report.terms if t.start < injected.t + 3 * TTL_S]) == 1, report.explain()
+
+
+@pytest.mark.timeout(40)
+def test_an_unresolvable_redis_host_keeps_the_daemon_up_not_leading_and_saying_why(tmp_path: Path) -> None:
+    journal = tmp_path / "child-x.jsonl"
+    daemon = DaemonProcess(
+        redis_url="redis://no-such-host.invalid:6379/0",
+        identity="x",
+        log_dir=tmp_path,
+        ttl="2s",
+        extra_args=(
+            "--",
+            sys.executable,
+            str(CHILD),
+            "--journal",
+            str(journal),
+            "--resource-url",
+            "redis://127.0.0.1:1/0",
+            "--key",
+            RESOURCE_KEY,
+        ),
+    ).start()
+    try:
+        daemon.wait_http()
+        time.sleep(3 * TTL_S)
+        assert daemon.process is not None and daemon.process.poll() is None, daemon.logs_text()
+        assert daemon.get("/healthz")[0] == 200  # an outage is not a reason to restart the pod
+        status, body = daemon.get("/readyz")
+        assert status == 503, body
+        leader = daemon.leader()
+        assert leader is not None and leader["is_leader"] is False
+        assert "elector_redis_up" in daemon.metrics()
+        assert [line for line in daemon.metrics().splitlines() if line.startswith("elector_redis_up{")] == [
+            'elector_redis_up{lock="jobs"} 0.0'
+        ]
+        unreachable = [line for line in daemon.log_lines() if line.get("event") == "redis_unreachable"]
+        assert len(unreachable) == 1, unreachable  # said once, not once per retry
+        assert "no-such-host.invalid" in json.dumps(unreachable[0]) or unreachable[0].get("error"), (
+            unreachable
+        )
+        assert not journal.exists()  # the command never ran
+    finally:
+        daemon.stop()
