@@ -1,0 +1,322 @@
+"""One LeaderElection's watch: the lock in Redis -> pod labels, Events, status, metrics, handoffs.
+
+Runs as a kopf daemon body. Each cycle looks at the lock (`observe`) and its candidates; an
+announcement on the lock's channel starts the next cycle at once, otherwise it comes after
+`poll_s`. Pod labels are put right at once on a transition and re-checked every `pod_resync_s`
+(pods that appear later get their label then). Nothing here raises out of the loop: Redis and
+API failures become a status condition, a log line and a metric, and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import redis.asyncio
+
+from elector.backend import (
+    InvalidRedisSettingsError,
+    RedisLeaseBackend,
+    RedisSettings,
+    make_client,
+    redact_url,
+)
+from elector.kube.operator import handoff, reconcile, resource
+from elector.kube.operator.kubeapi import KubeApi, KubeApiError
+from elector.kube.operator.metrics import OperatorMetrics
+from elector.lease import Candidate, Holder, LeaseBackendError, LeaseEventSubscription
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WatchSettings:
+    #: Time between looks at the lock when no announcement comes.
+    poll_s: float = 1.0
+    #: Time between re-checks of every candidate pod's label.
+    pod_resync_s: float = 5.0
+    #: Timeout of each Redis request.
+    redis_timeout_s: float = 1.0
+    #: Longest pause after a failure (Redis, the API, a bad spec).
+    max_backoff_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name in ("poll_s", "pod_resync_s", "redis_timeout_s", "max_backoff_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+
+class _SetupError(Exception):
+    """Cannot connect as the spec says; `reason` is a metric reason."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class ElectionWatcher:
+    """Keeps one LeaderElection in line with its lock. `body` is kopf's live view of the object."""
+
+    def __init__(
+        self,
+        *,
+        body: Mapping[str, Any],
+        api: KubeApi,
+        metrics: OperatorMetrics,
+        post_event: reconcile.EventPoster,
+        logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
+        settings: WatchSettings,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._body = body
+        meta = body.get("metadata") or {}
+        self._namespace: str = meta["namespace"]
+        self._name: str = meta["name"]
+        self._api = api
+        self._metrics = metrics
+        self._post = post_event
+        self._log = logger
+        self._settings = settings
+        self._clock = clock
+        status = dict(body.get("status") or {})
+        self._status: dict[str, Any] = status
+        self._holder = reconcile.holder_from_status(status)
+        self._transitions = int(status.get("transitions") or 0)
+        self._last_transition_time: str | None = status.get("lastTransitionTime")
+        self._written: dict[str, Any] | None = None
+        self._next_resync = 0.0
+        self._metric_lock: str | None = None
+        self._handoffs = handoff.HandoffRunner(
+            body=body, api=api, metrics=metrics, post_event=post_event, logger=logger
+        )
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Until cancelled (kopf cancels daemons when the object goes or the operator stops)."""
+        try:
+            while True:
+                spec = await self._valid_spec()
+                try:
+                    client, backend = await self._connect(spec)
+                except _SetupError as exc:
+                    await self._fail(exc.reason, str(exc))
+                    await asyncio.sleep(self._settings.max_backoff_s)
+                    continue
+                try:
+                    await self._watch(spec, backend)
+                finally:
+                    await self._handoffs.cancel()
+                    await client.aclose()
+        finally:
+            if self._metric_lock is not None:
+                self._metrics.forget(namespace=self._namespace, lock=self._metric_lock)
+
+    def _parse(self) -> resource.LeaderElectionSpec:
+        return resource.parse_spec(self._body.get("spec") or {})
+
+    async def _valid_spec(self) -> resource.LeaderElectionSpec:
+        reported = None
+        while True:
+            try:
+                return self._parse()
+            except resource.SpecError as exc:
+                if str(exc) != reported:  # once per distinct problem, not every second
+                    reported = str(exc)
+                    self._metrics.error("invalid_spec")
+                    self._log.error("invalid LeaderElection: %s", exc)
+                    self._post(self._body, type="Warning", reason="InvalidSpec", message=str(exc))
+                    await self._write_status(reconcile.invalid_spec_status(self._status, str(exc)))
+            await asyncio.sleep(self._settings.poll_s)
+
+    async def _connect(
+        self, spec: resource.LeaderElectionSpec
+    ) -> tuple[redis.asyncio.Redis, RedisLeaseBackend]:
+        try:
+            url = spec.redis_url or await self._api.read_secret_key(self._namespace, spec.url_secret)  # type: ignore[arg-type]
+            if spec.password_secret is not None:
+                password = await self._api.read_secret_key(self._namespace, spec.password_secret)
+                url = _with_password(url, password)
+        except KubeApiError as exc:
+            raise _SetupError(str(exc), reason="secret") from None
+        settings = RedisSettings(
+            url=url, request_timeout_s=self._settings.redis_timeout_s, key_prefix=spec.key_prefix
+        )
+        try:
+            client = make_client(settings, client_name=f"elector:{spec.lock}:operator")
+        except InvalidRedisSettingsError as exc:
+            # The URL may have come from a Secret: say which setting, never the value.
+            raise _SetupError(
+                f"invalid Redis URL ({redact_url(url)}): {exc}", reason="invalid_spec"
+            ) from None
+        return client, RedisLeaseBackend(client, lock=spec.lock, key_prefix=spec.key_prefix)
+
+    async def _watch(self, spec: resource.LeaderElectionSpec, backend: RedisLeaseBackend) -> None:
+        subscription: LeaseEventSubscription | None = None
+        backoff_s = self._settings.poll_s
+        try:
+            while True:
+                try:
+                    current = self._parse()
+                except resource.SpecError:
+                    current = None
+                if current != spec:
+                    self._log.info("LeaderElection spec changed; reconnecting")
+                    return
+                if subscription is None:
+                    with contextlib.suppress(LeaseBackendError):  # announcements only speed things up
+                        subscription = await backend.subscribe(keepalive_s=30.0)
+                ok = await self._cycle(spec, backend)
+                backoff_s = self._settings.poll_s if ok else min(self._settings.max_backoff_s, backoff_s * 2)
+                self._handoffs.check(
+                    spec, backend, annotations=(self._body.get("metadata") or {}).get("annotations")
+                )
+                subscription = await self._wait(subscription, backoff_s)
+        finally:
+            if subscription is not None:
+                with contextlib.suppress(Exception):
+                    await subscription.close()
+
+    async def _wait(
+        self, subscription: LeaseEventSubscription | None, timeout_s: float
+    ) -> LeaseEventSubscription | None:
+        if subscription is None:
+            await asyncio.sleep(timeout_s)
+            return None
+        try:
+            await subscription.next_event(timeout_s)  # any announcement: look now
+        except LeaseBackendError:
+            with contextlib.suppress(Exception):
+                await subscription.close()
+            await asyncio.sleep(timeout_s)
+            return None
+        return subscription
+
+    # -- one cycle -----------------------------------------------------------------------------
+
+    async def _cycle(self, spec: resource.LeaderElectionSpec, backend: RedisLeaseBackend) -> bool:
+        try:
+            observation = await backend.observe()
+            candidates: list[Candidate] | None = await backend.candidates()
+        except LeaseBackendError as exc:
+            await self._fail("redis", f"lock {spec.lock}: {exc}", spec=spec)
+            return False
+        holder = observation.holder
+        transition = reconcile.detect_transition(self._holder, holder)
+        now = self._clock()
+        pods: dict[str, Mapping[str, Any]] | None = None
+        if transition is not None or now >= self._next_resync:
+            pods = await self._relabel(spec, holder)
+            if pods is not None:
+                self._next_resync = now + self._settings.pod_resync_s
+        if transition is not None:
+            self._transitions += 1
+            self._last_transition_time = resource.now_rfc3339()
+            self._holder = holder
+            self._log.info(
+                "lock %s: %s -> %s",
+                spec.lock,
+                transition.previous.identity if transition.previous else "(free)",
+                f"{holder.identity} (fencing token {holder.fencing_token})" if holder else "(free)",
+            )
+            reconcile.post_transition_events(
+                self._post, election=self._body, lock=spec.lock, transition=transition, pods=pods or {}
+            )
+        self._export_holder(spec.lock, holder)
+        holder_pod = (
+            holder.identity if holder is not None and pods is not None and holder.identity in pods else None
+        )
+        if holder_pod is None and holder is not None and pods is None:
+            holder_pod = (
+                self._status.get("holderPod") if self._status.get("holder") == holder.identity else None
+            )
+        status = reconcile.build_status(
+            previous=self._status,
+            lock=spec.lock,
+            holder=holder,
+            holder_pod=holder_pod,
+            transitions=self._transitions,
+            last_transition_time=self._last_transition_time,
+            candidates=candidates,
+            redis_error=None,
+        )
+        await self._write_status(status)
+        return pods is not None or transition is None
+
+    async def _relabel(
+        self, spec: resource.LeaderElectionSpec, holder: Holder | None
+    ) -> dict[str, Mapping[str, Any]] | None:
+        """Put the leader label right on every candidate pod; the pods by name, None on failure."""
+        try:
+            pods = await self._api.list_pods(self._namespace, spec.selector)
+            changes = reconcile.label_changes(pods, holder=holder, label=spec.leader_label)
+            # The old holder first: for a moment no pod is "true" rather than two.
+            for name, value in sorted(changes.items(), key=lambda item: item[1] == "true"):
+                await self._api.patch_pod_labels(self._namespace, name, {spec.leader_label: value})
+        except KubeApiError as exc:
+            self._metrics.error("kubernetes")
+            self._log.warning("cannot label the candidate pods: %s", exc)
+            return None
+        return {pod["metadata"]["name"]: pod for pod in pods}
+
+    def _export_holder(self, lock: str, holder: Holder | None) -> None:
+        if self._metric_lock is not None and self._metric_lock != lock:
+            self._metrics.forget(namespace=self._namespace, lock=self._metric_lock)
+        self._metric_lock = lock
+        self._metrics.set_holder(
+            namespace=self._namespace, lock=lock, holder=holder.identity if holder else None
+        )
+
+    async def _fail(
+        self,
+        reason: str,
+        message: str,
+        *,
+        spec: resource.LeaderElectionSpec | None = None,
+    ) -> None:
+        self._metrics.error(reason)
+        previous: Mapping[str, Any] = next(
+            (c for c in self._status.get("conditions") or [] if c.get("type") == reconcile.REDIS_REACHABLE),
+            {},
+        )
+        if previous.get("status") != "False" or previous.get("message") != message:
+            self._log.warning("LeaderElection %s: %s", self._name, message)
+        status = reconcile.build_status(
+            previous=self._status,
+            lock=spec.lock if spec is not None else str(self._status.get("lock") or ""),
+            holder=self._holder,
+            holder_pod=self._status.get("holderPod"),
+            transitions=self._transitions,
+            last_transition_time=self._last_transition_time,
+            candidates=None,
+            redis_error=message,
+        )
+        await self._write_status(status)
+
+    async def _write_status(self, status: Mapping[str, Any]) -> None:
+        merged = {**self._status, **status}
+        if self._written is not None and reconcile.without_times(merged) == reconcile.without_times(
+            self._written
+        ):
+            return
+        try:
+            await self._api.patch_status(self._namespace, self._name, status)
+        except KubeApiError as exc:
+            self._metrics.error("kubernetes")
+            self._log.warning("cannot update the LeaderElection's status: %s", exc)
+            return
+        self._status = merged
+        self._written = merged
+
+
+def _with_password(url: str, password: str) -> str:
+    """`url` with `password` in its user-info (percent-encoded); make_client passes it on."""
+    parsed = urllib.parse.urlsplit(url)
+    host = parsed.netloc.rpartition("@")[2]
+    user = parsed.username or ""
+    secret = urllib.parse.quote(password, safe="")
+    return urllib.parse.urlunsplit(parsed._replace(netloc=f"{user}:{secret}@{host}"))

@@ -1,0 +1,104 @@
+"""`elector operator` on the command line, and the LeaderElection spec checks (no cluster needed)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from elector.cli import cli
+from elector.kube.operator import cli as operator_cli
+from elector.kube.operator import resource
+
+
+def test_the_cli_does_not_import_kopf_until_the_operator_runs() -> None:
+    code = "import sys, elector.cli; sys.exit(1 if 'kopf' in sys.modules else 0)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_without_kopf_the_operator_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(operator_cli, "kopf_missing", lambda: True)
+    result = CliRunner().invoke(cli, ["operator", "--namespace", "apps"])
+    assert result.exit_code == 2
+    assert "pip install 'elector[kube]'" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "give --namespace"),
+        (["--namespace", "a", "--all-namespaces"], "not both"),
+        (["--namespace", "a", "--lock", "bad lock"], "--lock"),
+        (["--namespace", "a", "--ttl", "10"], "--ttl"),
+        (["--namespace", "a", "--http-address", "nope"], "--http-address"),
+        (["--namespace", "a", "--redis-url", "http://x"], "--redis-url"),
+    ],
+)
+def test_bad_settings_exit_2_naming_the_setting(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(cli, ["operator", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def _spec(**changes: object) -> dict[str, object]:
+    spec: dict[str, object] = {
+        "lock": "jobs",
+        "redis": {"url": "redis://redis:6379/0"},
+        "selector": {"matchLabels": {"app": "worker"}},
+    }
+    spec.update(changes)
+    return spec
+
+
+def test_a_valid_spec_gets_its_defaults() -> None:
+    parsed = resource.parse_spec(_spec())
+    assert parsed.lock == "jobs"
+    assert parsed.leader_label == "elector.io/leader"
+    assert parsed.key_prefix == "elector"
+    assert (parsed.handoff_window_s, parsed.handoff_timeout_s) == (10.0, 30.0)
+    secret = resource.parse_spec(
+        _spec(redis={"urlSecretRef": {"name": "redis", "key": "url"}}, leaderLabel="example.com/active")
+    )
+    assert secret.redis_url is None and secret.url_secret == resource.SecretKeyRef(name="redis", key="url")
+    assert secret.leader_label == "example.com/active"
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"lock": ""}, "lock"),
+        ({"redis": {}}, "redis"),
+        ({"redis": {"url": "redis://r", "urlSecretRef": {"name": "s", "key": "k"}}}, "redis"),
+        ({"redis": {"url": "redis://user:pw@r:6379"}}, "redis.url"),
+        ({"redis": {"urlSecretRef": {"name": "s"}}}, "redis.urlSecretRef"),
+        ({"selector": {}}, "selector"),
+        (
+            {"selector": {"matchExpressions": [{"key": "a", "operator": "In"}]}},
+            "selector.matchExpressions[0].values",
+        ),
+        ({"leaderLabel": "not a label"}, "leaderLabel"),
+        ({"handoffWindowSeconds": 0}, "handoffWindowSeconds"),
+    ],
+)
+def test_an_invalid_spec_names_the_field(changes: dict[str, object], field: str) -> None:
+    with pytest.raises(resource.SpecError) as info:
+        resource.parse_spec(_spec(**changes))
+    assert info.value.field == field
+    assert "pw@" not in str(info.value)
+
+
+def test_selectors_match_as_the_api_server_does() -> None:
+    selector = {
+        "matchLabels": {"app": "worker"},
+        "matchExpressions": [
+            {"key": "tier", "operator": "In", "values": ["a", "b"]},
+            {"key": "canary", "operator": "DoesNotExist"},
+        ],
+    }
+    assert resource.selector_matches(selector, {"app": "worker", "tier": "a"})
+    assert not resource.selector_matches(selector, {"app": "worker", "tier": "c"})
+    assert not resource.selector_matches(selector, {"app": "worker", "tier": "a", "canary": "1"})
+    assert not resource.selector_matches(selector, {"tier": "a"})
+    assert resource.selector_query(selector) == "app=worker,tier in (a,b),!canary"

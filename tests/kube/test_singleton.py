@@ -1,0 +1,338 @@
+"""Singleton kopf operators under a Redis lease: elector.kube.run_singleton.
+
+The failover tests run two operators as child processes (tests/kube/singleton_app.py) against
+one kmock emulator in this process and a real redis-server; the leader reaches Redis through a
+TcpProxy, so that it alone can be cut off. Times are time.monotonic(), which Linux shares
+between processes. kmock replays every object on each watch: handlers run at least once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import kmock as kmock_lib
+import kopf
+import pytest
+import redis.asyncio as aioredis
+
+import elector
+from elector.kube import run_singleton
+from elector.kube.singleton import MIN_STOP_WORK_S, KopfOperatorExited
+from tests.kube.kmock_support import create_object, seed_object
+from tests.support.tcp_proxy import TcpProxy
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+APP = Path(__file__).with_name("singleton_app.py")
+LOCK = "singleton-test"
+LEASE_KEY = f"elector:{{{LOCK}}}:lease"
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+class SingletonProcess:
+    """One child running singleton_app.py; its events are JSON lines in a file of its own."""
+
+    def __init__(self, identity: str, *, redis_url: str, kube_url: str, tmp: Path, ttl_s: float) -> None:
+        self.identity = identity
+        self.events_path = tmp / f"{identity}.events"
+        self.log_path = tmp / f"{identity}.log"
+        command = [
+            sys.executable, str(APP),
+            "--identity", identity,
+            "--redis-url", redis_url,
+            "--kube-url", kube_url,
+            "--events", str(self.events_path),
+            "--lock", LOCK,
+            "--ttl-s", str(ttl_s),
+            "--stop-work-s", "0.5",
+        ]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=log, env=env, cwd=REPO)
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        if not self.events_path.exists():
+            return []
+        lines = self.events_path.read_text().splitlines()
+        events = [json.loads(line) for line in lines if line.strip()]
+        return [e for e in events if kind is None or e["event"] == kind]
+
+    def handled(self) -> list[dict[str, Any]]:
+        return self.events("handled")
+
+    async def wait_for(self, kind: str, *, timeout_s: float, name: str | None = None) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for event in self.events(kind):
+                if name is None or event.get("name") == name:
+                    return event
+            if self.process.poll() is not None:
+                break
+            await asyncio.sleep(0.02)
+        raise AssertionError(
+            f"{self.identity}: no {kind!r} event{f' for {name}' if name else ''} in {timeout_s}s "
+            f"(exit code {self.process.poll()}); events: {self.events()}\nlog:\n{self.log_tail()}"
+        )
+
+    def log_tail(self) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-40:])
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+class LeaseWatcher:
+    """Polls the lease key straight on Redis (not through any proxy): who holds it, until when."""
+
+    def __init__(self, redis_url: str) -> None:
+        self._client = aioredis.Redis.from_url(redis_url, socket_timeout=2.0)
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        #: (send time, holder identity or None, remaining ms)
+        self.samples: list[tuple[float, str | None, int]] = []
+
+    async def __aenter__(self) -> LeaseWatcher:
+        self._task = asyncio.create_task(self._poll())
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._task is not None
+        # Not a cancellation: a request cancelled halfway made redis-py's close hang for minutes.
+        self._stopping = True
+        await asyncio.wait_for(self._task, timeout=10)
+        await self._client.aclose()
+
+    async def _poll(self) -> None:
+        while not self._stopping:
+            sent = time.monotonic()
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.get(LEASE_KEY)
+                pipe.pttl(LEASE_KEY)
+                value, pttl = await pipe.execute()
+            holder = json.loads(value)["identity"] if value is not None else None
+            self.samples.append((sent, holder, pttl))
+            await asyncio.sleep(0.02)
+
+    def expiry_of(self, identity: str) -> float:
+        """The earliest moment the last observed lease of `identity` could expire on Redis."""
+        held = [sent + pttl / 1000 for sent, holder, pttl in self.samples if holder == identity]
+        assert held, f"the watcher never saw {identity} hold the lease"
+        return held[-1]
+
+
+@pytest.fixture
+async def children(kmock: kmock_lib.KubernetesEmulator) -> AsyncIterator[list[SingletonProcess]]:
+    """The test's children, stopped before kmock: its server waits for open watches otherwise."""
+    started: list[SingletonProcess] = []
+    yield started
+    await asyncio.gather(*(asyncio.to_thread(child.stop) for child in started))
+    await asyncio.sleep(0.5)  # the server sees the watches' connections close and ends their handlers
+
+
+async def start(
+    children: list[SingletonProcess], identity: str, *, redis_url: str, kube: Any, tmp: Path, ttl_s: float
+) -> SingletonProcess:
+    child = SingletonProcess(identity, redis_url=redis_url, kube_url=str(kube.url), tmp=tmp, ttl_s=ttl_s)
+    children.append(child)
+    await child.wait_for("started", timeout_s=30)
+    return child
+
+
+def assert_handled_only_while_leading(child: SingletonProcess) -> None:
+    """Every handler run of `child` lies inside one of its terms: [leading, stopped]."""
+    terms: list[tuple[float, float]] = []
+    for lead in child.events("leading"):
+        stops = [s["t"] for s in child.events("stopped") if s["fencing_token"] == lead["fencing_token"]]
+        terms.append((lead["t"], stops[0] if stops else float("inf")))
+    for event in child.handled():
+        assert any(begin <= event["t"] <= end for begin, end in terms), (child.identity, event, terms)
+
+
+# -- the library's contract, in process --------------------------------------------------------------
+
+
+def test_import_elector_and_elector_kube_loads_no_kopf() -> None:
+    code = (
+        "import sys, elector, elector.kube; elector.Elector; "
+        "print(sorted(m for m in sys.modules if m.startswith('kopf')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+async def test_refuses_settings_that_cannot_work() -> None:
+    unreachable = "redis://127.0.0.1:1/0"  # never contacted: the checks come first
+    short = elector.Elector(LOCK, redis=unreachable, ttl_s=1.0)  # default stop_work_s: 0.1 s
+    with pytest.raises(elector.ElectorConfigError, match=r"stop_work_s: .*at least 0\.25s") as info:
+        await run_singleton(short, namespaces=["default"])
+    assert info.value.parameter == "stop_work_s"
+    assert MIN_STOP_WORK_S == 0.25
+    fine = elector.Elector(LOCK, redis=unreachable, ttl_s=3.0, stop_work_s=0.5)
+    with pytest.raises(elector.ElectorConfigError, match="not both"):
+        await run_singleton(fine, namespaces=["default"], clusterwide=True)
+    with pytest.raises(elector.ElectorConfigError, match="clusterwide=True"):
+        await run_singleton(fine)
+    with pytest.raises(elector.ElectorConfigError, match="the string 'default'"):
+        await run_singleton(fine, namespaces="default")
+
+
+async def test_stop_flag_stops_kopf_within_the_budget_and_releases(
+    redis_url: str, kmock: kmock_lib.KubernetesEmulator, kopf_registry: kopf.OperatorRegistry,
+    kopf_settings: kopf.OperatorSettings,
+) -> None:  # fmt: skip
+    handled: list[str] = []
+    handling = threading.Event()  # set in kopf's thread
+
+    @kopf.on.create("v1", "configmaps", registry=kopf_registry)
+    async def slow(name: str, **_: Any) -> None:
+        handled.append(name)
+        handling.set()
+        await asyncio.sleep(60)  # ignores kopf's graceful exit: only the cancellation ends it
+
+    seed_object(kmock, "v1/configmaps", "default", "slow-1")
+    exit_timeout_before = kopf_settings.queueing.exit_timeout
+    terms: list[int] = []
+    stop = asyncio.Event()
+    candidate = elector.Elector(LOCK, redis=redis_url, identity="solo", ttl_s=3.0, stop_work_s=0.3)
+    runner = asyncio.create_task(
+        run_singleton(
+            candidate, registry=kopf_registry, settings=kopf_settings, namespaces=["default"],
+            stop_flag=stop, on_leading=lambda term: terms.append(term.fencing_token),
+        )
+    )  # fmt: skip
+    try:
+        assert await asyncio.to_thread(handling.wait, 20), "kopf never handled the seeded object"
+        asserted_by = aioredis.Redis.from_url(redis_url)
+        assert await asserted_by.exists(LEASE_KEY) == 1
+        asked = time.monotonic()
+        stop.set()
+        await asyncio.wait_for(runner, timeout=10)
+        took = time.monotonic() - asked
+        # kopf's own graceful exit would wait 2 s for the handler: the singleton caps and cancels.
+        assert took < 0.3 + 1.0, took
+        assert await asserted_by.exists(LEASE_KEY) == 0  # released, not left to expire
+        await asserted_by.aclose()
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+    assert handled and handled[0] == "slow-1" and terms and terms[0] >= 1
+    assert kopf_settings.queueing.exit_timeout == exit_timeout_before  # the caller's object is untouched
+
+
+async def test_kopf_exiting_by_itself_releases_and_raises(
+    redis_url: str, kopf_registry: kopf.OperatorRegistry, kopf_settings: kopf.OperatorSettings
+) -> None:
+    @kopf.on.startup(registry=kopf_registry)
+    def refuse(**_: Any) -> None:
+        raise kopf.PermanentError("cannot start")
+
+    candidate = elector.Elector(LOCK, redis=redis_url, identity="solo", ttl_s=3.0, stop_work_s=0.5)
+    with pytest.raises(KopfOperatorExited) as info:
+        await asyncio.wait_for(
+            run_singleton(candidate, registry=kopf_registry, settings=kopf_settings, namespaces=["default"]),
+            timeout=20,
+        )
+    assert info.value.__cause__ is not None  # kopf's own error
+    client = aioredis.Redis.from_url(redis_url)
+    assert await client.exists(LEASE_KEY) == 0
+    await client.aclose()
+
+
+# -- two operators, two processes ----------------------------------------------------------------------
+
+
+async def test_only_the_leader_handles_and_the_other_takes_over_after_a_cut(
+    redis_url: str, tcp_proxy: TcpProxy, kmock: kmock_lib.KubernetesEmulator, tmp_path: Path,
+    children: list[SingletonProcess],
+) -> None:  # fmt: skip
+    ttl_s = 3.0
+    async with LeaseWatcher(redis_url) as watcher:
+        a = await start(children, "a", redis_url=tcp_proxy.url, kube=kmock, tmp=tmp_path, ttl_s=ttl_s)
+        await a.wait_for("leading", timeout_s=20)
+        b = await start(children, "b", redis_url=redis_url, kube=kmock, tmp=tmp_path, ttl_s=ttl_s)
+        await asyncio.sleep(0.5)  # b contends meanwhile
+        await create_object(kmock, "v1/configmaps", "default", "before-cut")
+        await a.wait_for("handled", name="before-cut", timeout_s=20)
+        await asyncio.sleep(0.5)  # b would have handled it by now, had its kopf been running
+        assert not b.events("leading") and not b.handled()
+
+        cut_at = time.monotonic()
+        tcp_proxy.blackhole()
+        a_stopped = await a.wait_for("stopped", timeout_s=ttl_s + 5)
+        a_expiry = watcher.expiry_of("a")
+        await create_object(kmock, "v1/configmaps", "default", "after-cut")
+        b_leading = await b.wait_for("leading", timeout_s=ttl_s + 10)
+        b_handled = await b.wait_for("handled", name="after-cut", timeout_s=ttl_s + 10)
+
+    # The ex-leader stopped kopf before its lease could expire on Redis.
+    assert a_stopped["t"] < a_expiry, (a_stopped, a_expiry)
+    # The follower took over within the ttl of the cut (with margin for a loaded machine), and
+    # only after the ex-leader's lease was gone: the two kopf operators never overlapped.
+    assert b_leading["t"] - cut_at < ttl_s + 1.5, b_leading["t"] - cut_at
+    assert b_leading["t"] >= a_expiry - 0.05  # 50 ms: the watcher's own round trips
+    assert b_handled["t"] - cut_at < ttl_s + 3.0, b_handled["t"] - cut_at
+    for child in (a, b):
+        assert_handled_only_while_leading(child)
+    assert {e["name"] for e in a.handled()} <= {"before-cut", "after-cut"}
+
+
+async def test_clean_stop_releases_at_once(
+    redis_url: str, kmock: kmock_lib.KubernetesEmulator, tmp_path: Path, children: list[SingletonProcess]
+) -> None:
+    ttl_s = 6.0  # long, so that a takeover at expiry could not pass for a release
+    async with LeaseWatcher(redis_url) as watcher:
+        a = await start(children, "a", redis_url=redis_url, kube=kmock, tmp=tmp_path, ttl_s=ttl_s)
+        await a.wait_for("leading", timeout_s=20)
+        b = await start(children, "b", redis_url=redis_url, kube=kmock, tmp=tmp_path, ttl_s=ttl_s)
+        await asyncio.sleep(0.5)
+        await create_object(kmock, "v1/configmaps", "default", "first")
+        await a.wait_for("handled", name="first", timeout_s=20)
+
+        term_at = time.monotonic()
+        a.process.send_signal(signal.SIGTERM)
+        b_leading = await b.wait_for("leading", timeout_s=ttl_s + 5)
+        a_expiry = watcher.expiry_of("a")
+        await a.wait_for("exited", timeout_s=10)
+        await create_object(kmock, "v1/configmaps", "default", "second")
+        await b.wait_for("handled", name="second", timeout_s=20)
+
+    assert a.process.wait(timeout=10) == 0
+    a_stopped = a.events("stopped")[-1]
+    assert term_at < a_stopped["t"] < b_leading["t"]
+    # Released: b led long before a's last lease would have expired.
+    assert b_leading["t"] < a_expiry - 1.0, (b_leading["t"], a_expiry)
+    assert b_leading["t"] - term_at < ttl_s / 2
+    for child in (a, b):
+        assert_handled_only_while_leading(child)
+
+
+def test_settings_copy_keeps_caller_settings() -> None:
+    from elector.kube.kopf_thread import term_settings
+
+    settings = kopf.OperatorSettings()
+    settings.queueing.exit_timeout = 30.0
+    copy = term_settings(settings, stop_budget_s=0.5)
+    assert copy.queueing.exit_timeout < 0.5 and settings.queueing.exit_timeout == 30.0
+    assert copy.process.ultimate_exiting_timeout is None
+    assert copy.peering is not settings.peering
+    assert dataclasses.is_dataclass(copy)
