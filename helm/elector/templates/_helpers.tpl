@@ -77,9 +77,6 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* Checks of value combinations the schema cannot express; called from the workload template. */}}
 {{- define "elector.validate" -}}
-{{- if .Values.operator.enabled }}
-{{- fail "operator.enabled: the elector operator is not part of this chart version yet; set it to false" }}
-{{- end }}
 {{- if and .Values.podDisruptionBudget.enabled (ne (toString .Values.podDisruptionBudget.minAvailable) "") (ne (toString .Values.podDisruptionBudget.maxUnavailable) "") }}
 {{- fail "podDisruptionBudget: set only one of minAvailable and maxUnavailable" }}
 {{- end }}
@@ -89,6 +86,6 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{/*
-Operator: reserved. The operator's Deployment, CRD and RBAC come with a later chart version under
-templates/operator/, rendered only with operator.enabled.
+Operator: its Deployment, ServiceAccount and RBAC are under templates/operator/, rendered only with
+operator.enabled; the LeaderElection CRD is in crds/.
 */}}
