@@ -122,6 +122,12 @@ class RedisSettings:
                     "Redlock servers are independent servers, not a cluster: use one or the other",
                     setting="cluster",
                 )
+            if self.min_replicas_ack:
+                # WAIT must follow the write on the same node connection, which the cluster
+                # client does not promise: refused rather than silently not waited for.
+                raise InvalidRedisSettingsError(
+                    "--min-replicas-ack is not supported with a Redis Cluster", setting="cluster"
+                )
         if not self.redlock_urls:
             return
         count = len(self.redlock_urls)
