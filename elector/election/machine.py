@@ -64,6 +64,10 @@ MIN_ATTEMPT_SPACING_S = 0.005
 CLOCK_RESOLUTION_S = 1e-4
 
 
+#: With renewal jitter on, the first renewal of a term comes 0-90% of an interval early.
+FIRST_RENEWAL_SPREAD = 0.9
+
+
 class Election:
     """Contends for one lock, holds it while it can, and says at every step what it did."""
 
@@ -294,7 +298,7 @@ class Election:
                 duration_s=received - sent,
                 holder=lease.holder,
                 remaining_ms=_ms(self._valid_until - received),
-                next_cycle_at=self._next_renewal(sent),
+                next_cycle_at=self._next_renewal(sent, first=True),
             )
 
         cap = received + self._timing.ttl_s
@@ -552,10 +556,15 @@ class Election:
         self._backend_up = True
         self._last_backend_ok_at = at
 
-    def _next_renewal(self, sent: float) -> float:
+    def _next_renewal(self, sent: float, *, first: bool = False) -> float:
         interval = self._timing.renew_interval_s
         if self._renew_jitter_share:
-            interval *= 1 - self._rng.uniform(0.0, self._renew_jitter_share)
+            # Locks granted together (a daemon's start, the end of an outage) would renew in one
+            # burst for many intervals while the small jitter drifts them apart: the first
+            # renewal of a term lands anywhere in the interval instead. One early renewal per
+            # grant is the whole cost, and early is always safe.
+            share = FIRST_RENEWAL_SPREAD if first else self._renew_jitter_share
+            interval *= 1 - self._rng.uniform(0.0, share)
         return sent + interval
 
     def _jitter(self) -> float:

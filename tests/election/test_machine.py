@@ -7,6 +7,7 @@ the code sleeps, so "stepped down at the renew deadline" is checked to the milli
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import itertools
@@ -400,3 +401,38 @@ async def test_step_can_be_driven_by_hand(store) -> None:
     assert first.next_cycle_at == pytest.approx(first.at + 1.0)
     second = await election.step()
     assert second.kind is OutcomeKind.RENEWED
+
+
+async def test_locks_granted_together_spread_their_renewals_from_the_first_one() -> None:
+    """With renewal jitter on (many locks), the first renewal of a term falls anywhere in the
+    interval, so 50 locks granted at once never renew in one burst; later ones keep their phase."""
+    tasks, recorders = [], []
+    for index in range(50):
+        recorder = Recorder()
+        election = Election(
+            FakeBackend(FakeStore()),  # a lock of its own each
+            identity="a",
+            timing=timing(),
+            hooks=recorder.hooks(),
+            rng=random.Random(index),
+            renew_jitter_share=0.1,
+        )
+        recorders.append(recorder)
+        tasks.append(asyncio.create_task(election.run()))
+    try:
+        await asyncio.sleep(5.0)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    renewals = [[o.at for o in r.outcomes if o.kind is OutcomeKind.RENEWED] for r in recorders]
+    firsts = sorted(times[0] for times in renewals)
+    interval = timing().renew_interval_s
+    # Spread over (0.1, 1] x interval: no tenth of the interval holds more than a quarter of them.
+    assert firsts[0] >= 0.1 * interval - 0.01 and firsts[-1] <= interval + 0.01
+    buckets = collections.Counter(int(first / interval * 10) for first in firsts)
+    assert max(buckets.values()) <= 12, buckets
+    # Afterwards each keeps its phase: gaps within 10% of the interval.
+    for times in renewals:
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert all(0.9 * interval - 0.01 <= gap <= interval + 0.01 for gap in gaps), gaps
