@@ -291,15 +291,16 @@ class Elector:
             raise RuntimeError(f"the Elector of lock {self.lock!r} was already started")
         if self._settings is not None:
             self._client = make_client(self._settings, client_name=f"elector:{self.lock}:{self.identity}")
-            # A redis+sentinel:// URL: follow a new master at once (see sentinel_watch.py).
-            self._master_watcher = watch_master(
-                self._client,
-                poll_interval_s=default_poll_interval_s(self.timing.renew_interval_s),
-                request_timeout_s=self.timing.request_timeout_s,
-            )
-            if self._master_watcher is not None:
-                self._master_watcher.start()
         assert self._client is not None
+        # A client of a redis+sentinel:// URL built by elector (ours, or the caller's from
+        # make_client): follow a new master at once (see sentinel_watch.py); None otherwise.
+        self._master_watcher = watch_master(
+            self._client,
+            poll_interval_s=default_poll_interval_s(self.timing.renew_interval_s),
+            request_timeout_s=self.timing.request_timeout_s,
+        )
+        if self._master_watcher is not None:
+            self._master_watcher.start()
         hooks = ElectionHooks(
             on_outcome=self._outcome,
             on_new_leader=self._new_leader,

@@ -136,6 +136,11 @@ def test_daemons_on_a_redis_cluster_hand_over_with_a_higher_token(tmp_path: Path
         (["--redis-cluster", "--redis-url", "unix:///tmp/r.sock"], "--redis-cluster", "redis://"),
         (["--redis-cluster", "--min-replicas-ack", "1"], "--redis-cluster", "not supported"),
         (
+            ["--min-replicas-ack", "1", *[a for h in "abc" for a in ("--redlock-url", f"redis://{h}:1")]],
+            "--redlock-url",
+            "not supported",
+        ),
+        (
             ["--redis-cluster", "--redis-url", "redis+sentinel://s1:26379/main"],
             "--redis-cluster",
             "redis://",

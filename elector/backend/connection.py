@@ -137,6 +137,12 @@ class RedisSettings:
                 "no server may fail, and an even count tolerates no more failures than one fewer",
                 setting="redlock_url",
             )
+        if self.min_replicas_ack:
+            # Redlock's confirm round is not WAITed, and a majority of independent servers is
+            # already its answer to losing one: refused rather than half applied.
+            raise InvalidRedisSettingsError(
+                "--min-replicas-ack is not supported with --redlock-url", setting="redlock_url"
+            )
         if len(set(self.redlock_urls)) != count:
             raise InvalidRedisSettingsError("a Redlock server is given twice", setting="redlock_url")
         for url in self.redlock_urls:

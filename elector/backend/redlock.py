@@ -1,11 +1,12 @@
 """Redlock: one lease granted by a majority of N independent Redis servers.
 
 Each server runs the ordinary lease scripts through its own `RedisLeaseBackend`; this backend
-combines their answers. What it guarantees, and what it does not, is in
-docs/_draft_cluster_redlock.md; in short: no two leaders as long as the timing assumptions hold
-(bounded clock drift, a process not paused past its validity, servers that keep their data or stay
-down for a ttl after losing it), and fencing tokens that strictly increase for the resource to
-check when they do not.
+combines their answers. What it guarantees, and what it does not, is in docs/topologies.md; in
+short: no two leaders as long as the timing assumptions hold (bounded clock drift, a process not
+paused past its validity, servers that keep their data or stay down for a ttl after losing it),
+and fencing tokens that strictly increase for the resource to check when they do not - as long
+as no server of a majority lost its counter, or the servers' clocks agree within a ttl (a server
+that lost its counter restarts it from its own clock in ms).
 
 acquire, in two rounds, timed on the monotonic clock from BEFORE the first request:
 1. ACQUIRE on every server at once. Fewer than a majority granted: the grants are dropped again

@@ -22,7 +22,7 @@ from typing import Any
 
 import redis.asyncio
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.typing import EncodableT, KeyT
 
 from elector.lease import BackendErrorKind, LeaseBackendError
@@ -61,6 +61,11 @@ class ReplicationAckError(LeaseBackendError):
             f"{what}: only {acked} of {ack.replicas} replicas acknowledged the write within "
             f"{ack.timeout_ms} ms (--min-replicas-ack)"
         )
+        if isinstance(acked, WaitFailed):
+            message = (
+                f"{what}: WAIT was refused ({acked.reason}), so no replica acknowledged "
+                "(--min-replicas-ack)"
+            )
         if released is True:
             message += "; the grant was released"
         elif released is False:
@@ -70,8 +75,25 @@ class ReplicationAckError(LeaseBackendError):
         self.wanted = ack.replicas
 
 
+class WaitFailed(int):
+    """No acknowledgement because WAIT itself was refused (an ACL without +wait, a replica).
+
+    Counted as 0 replicas, so that a grant the script already made is released like any other
+    unacknowledged one, instead of the error leaving it held by nobody for a ttl.
+    """
+
+    reason: str
+
+    def __new__(cls, reason: str) -> WaitFailed:
+        failed = super().__new__(cls, 0)
+        failed.reason = reason
+        return failed
+
+
 def acknowledged(reply: Any) -> int:
-    """WAIT's answer (the number of replicas that acknowledged), or raise what Redis said."""
+    """WAIT's answer: the number of replicas that acknowledged (WaitFailed when it was refused)."""
+    if isinstance(reply, ResponseError):
+        return WaitFailed(str(reply))
     if isinstance(reply, Exception):
         raise reply
     if isinstance(reply, bool) or not isinstance(reply, int):

@@ -18,6 +18,9 @@ from tests.support.daemon import DaemonProcess, wait_until
 from tests.support.seed import seed_used_lock, seed_used_lock_async
 
 ACK = ReplicaAck(replicas=1, timeout_ms=150)
+#: For the steps that must succeed: a busy 2-core CI machine can take longer than 150 ms to get
+#: the replica's ack (still inside the 1 s request timeout).
+GENEROUS = ReplicaAck(replicas=1, timeout_ms=600)
 
 
 @pytest.fixture
@@ -45,9 +48,7 @@ async def client(
 
 
 async def test_acknowledged_grant_and_renewal(client: redis.asyncio.Redis) -> None:
-    # A busy 2-core CI machine can take more than 150 ms to get the replica's ack: the positive
-    # case gets room (still inside the 1 s request timeout); the negative cases keep ACK.
-    backend = RedisLeaseBackend(client, lock="jobs", replica_ack=ReplicaAck(replicas=1, timeout_ms=600))
+    backend = RedisLeaseBackend(client, lock="jobs", replica_ack=GENEROUS)
     granted = await backend.acquire("pod-a", ttl_ms=5000)
     assert isinstance(granted, Granted)
     assert isinstance(await backend.renew(granted.lease), Renewed)
@@ -71,7 +72,8 @@ async def test_unacknowledged_grant_fails_and_is_released(
     assert waited_s >= ACK.timeout_ms / 1000 * 0.9  # WAIT really waited for its timeout
     assert await client.get(backend.keys.lease) is None
     # Once the replica is back, the next attempt is granted (a new grant, not the released one).
-    assert isinstance(await backend.acquire("pod-a", ttl_ms=5000), Granted)
+    generous = RedisLeaseBackend(client, lock="jobs", replica_ack=GENEROUS)
+    assert isinstance(await generous.acquire("pod-a", ttl_ms=5000), Granted)
 
 
 async def test_unacknowledged_renewal_is_a_failed_renewal(
@@ -79,7 +81,8 @@ async def test_unacknowledged_renewal_is_a_failed_renewal(
 ) -> None:
     _, replica = replicated
     backend = RedisLeaseBackend(client, lock="jobs", replica_ack=ACK)
-    granted = await backend.acquire("pod-a", ttl_ms=5000)
+    generous = RedisLeaseBackend(client, lock="jobs", replica_ack=GENEROUS)
+    granted = await generous.acquire("pod-a", ttl_ms=5000)
     assert isinstance(granted, Granted)
     replica.pause()
     try:
@@ -87,7 +90,28 @@ async def test_unacknowledged_renewal_is_a_failed_renewal(
             await backend.renew(granted.lease)
     finally:
         replica.resume()
-    assert isinstance(await backend.renew(granted.lease), Renewed)
+    assert isinstance(await generous.renew(granted.lease), Renewed)
+
+
+async def test_a_refused_wait_releases_the_grant_instead_of_leaving_it_to_nobody(
+    redis_server: RedisServerProcess,
+) -> None:
+    """An ACL user without +wait: the script grants, WAIT is refused. The grant must be given back
+    (else the lock is held by nobody for a ttl, again and again) and the error must say why."""
+    admin = redis.Redis(port=redis_server.port)
+    admin.execute_command("ACL", "SETUSER", "el", "on", ">pw", "~*", "&*", "+@all", "-wait")
+    seed_used_lock(admin, "jobs")
+    settings = RedisSettings(url=f"redis://el:pw@127.0.0.1:{redis_server.port}/0", min_replicas_ack=1)
+    client = make_client(settings)
+    try:
+        backend = RedisLeaseBackend(client, lock="jobs", replica_ack=settings.replica_ack)
+        with pytest.raises(ReplicationAckError, match=r"WAIT was refused .*NOPERM|WAIT was refused") as info:
+            await backend.acquire("pod-a", ttl_ms=5000)
+        assert "the grant was released" in str(info.value)
+        assert admin.exists("elector:{jobs}:lease") == 0
+    finally:
+        await client.aclose()
+        admin.close()
 
 
 async def test_a_batch_shares_one_wait(
