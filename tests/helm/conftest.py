@@ -9,11 +9,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 from helm_python.chart import Chart
 
 CHART_DIR = Path(__file__).resolve().parents[2] / "helm" / "elector"
+CRD_PATH = CHART_DIR / "crds" / "leaderelection.yaml"
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 RELEASE = "demo"
 NAMESPACE = "apps"
 
@@ -55,3 +58,51 @@ def render(chart: Chart) -> Render:
         return render_documents(chart, values)
 
     return _render
+
+
+def _no_unknown_fields(node: Any) -> Any:
+    """A copy of an OpenAPI schema in which every object with `properties` refuses other keys.
+
+    The API server prunes unknown fields of a structural schema silently; a chart that renders one has a
+    bug the cluster would hide, so the tests treat it as an error.
+    """
+    if isinstance(node, list):
+        return [_no_unknown_fields(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    copy = {key: _no_unknown_fields(value) for key, value in node.items()}
+    if "properties" in copy and "additionalProperties" not in copy:
+        copy["additionalProperties"] = False
+    return copy
+
+
+@pytest.fixture(scope="session")
+def validate_leader_election() -> Callable[[dict[str, Any]], None]:
+    """validate(doc): a rendered LeaderElection against the CRD's openAPIV3Schema, strictly (no unknown
+    fields), plus the object envelope. Raises jsonschema.ValidationError."""
+    crd = yaml.safe_load(CRD_PATH.read_text())
+    (version,) = [v for v in crd["spec"]["versions"] if v["served"]]
+    schema = _no_unknown_fields(version["schema"]["openAPIV3Schema"])
+    schema["required"] = ["apiVersion", "kind", "metadata", *schema.get("required", [])]
+    schema["properties"] |= {
+        "apiVersion": {"enum": [f"{crd['spec']['group']}/{version['name']}"]},
+        "kind": {"enum": [crd["spec"]["names"]["kind"]]},
+        "metadata": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["name", "namespace"],
+            "properties": {
+                "name": {"type": "string", "maxLength": 253, "pattern": _DNS_SUBDOMAIN},
+                "namespace": {"type": "string", "pattern": _DNS_SUBDOMAIN},
+                "labels": {"type": "object", "additionalProperties": {"type": "string", "maxLength": 63}},
+                "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+        },
+    }
+    # OpenAPI v3.0 (exclusiveMinimum as a boolean) is JSON Schema draft 4 in this respect.
+    validator = jsonschema.Draft4Validator(schema)
+
+    def _validate(doc: dict[str, Any]) -> None:
+        validator.validate(doc)
+
+    return _validate

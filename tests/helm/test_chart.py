@@ -149,13 +149,22 @@ def env_of(c: dict[str, Any]) -> dict[str, Any]:
 
 def test_ci_value_sets_exist() -> None:
     names = {p.name for p in CI_VALUES}
-    assert {"default-values.yaml", "full-values.yaml", "gate-on-leadership-values.yaml"} <= names
+    assert {
+        "default-values.yaml",
+        "full-values.yaml",
+        "gate-on-leadership-values.yaml",
+        "leader-election-values.yaml",
+    } <= names
 
 
 @pytest.mark.parametrize("values_file", CI_VALUES, ids=lambda p: p.name)
 @pytest.mark.parametrize("kube_version", [OLDEST_KUBE, NEWEST_KUBE])
 def test_ci_values_lint_and_validate(
-    render: Render, chart_dir: Path, values_file: Path, kube_version: str
+    render: Render,
+    chart_dir: Path,
+    values_file: Path,
+    kube_version: str,
+    validate_leader_election: Callable[[dict[str, Any]], None],
 ) -> None:
     values = yaml.safe_load(values_file.read_text()) or {}
     result = lint(chart_dir, values, strict=True, kube_version=f"v{kube_version}")
@@ -167,6 +176,8 @@ def test_ci_values_lint_and_validate(
         assert doc["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
         if doc["apiVersion"] == "monitoring.coreos.com/v1":
             validate_monitoring(doc)
+        elif doc["apiVersion"] == "elector.io/v1alpha1":  # the chart's own CRD (crds/), strictly
+            validate_leader_election(doc)
         else:
             kubernetes_validate.validate(doc, kube_version, strict=True)
 

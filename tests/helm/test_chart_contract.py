@@ -28,7 +28,21 @@ from elector.redis_server import free_tcp_port
 Render = Callable[[dict[str, Any]], list[dict[str, Any]]]
 
 OPTIONAL = {"elector": {"renewInterval": "1s", "renewDeadline": "2s", "requestTimeout": "200ms", "ttl": "3s"}}
-WITH_SECRET = {"elector": {**OPTIONAL["elector"], "redis": {"existingSecret": "redis-auth"}}}
+#: Every value that becomes an ELECTOR_* variable of the sidecar, set.
+EVERY_SETTING = {
+    "elector": {
+        **OPTIONAL["elector"],
+        "redis": {
+            "url": "rediss+sentinel://s1:26379,s2:26379/mymaster/0",
+            "existingSecret": "redis-auth",
+            "tls": {"existingSecret": "redis-tls"},
+        },
+        "priority": 5,
+        "leaderFile": "/var/run/elector/leader.json",
+        "minReplicasAck": 1,
+        "replicasAckTimeout": "100ms",
+    }
+}
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +68,7 @@ def help_env_vars(help_text: str) -> set[str]:
 
 
 def test_every_env_var_exists_in_run_help(render: Render, run_help: str) -> None:
-    env_names = {e["name"] for e in sidecar(render(WITH_SECRET))["env"]}
+    env_names = {e["name"] for e in sidecar(render(EVERY_SETTING))["env"]}
     known = help_env_vars(run_help)
     assert "ELECTOR_LOCK" in known  # the parser works
     elector_vars = {n for n in env_names if n.startswith("ELECTOR_")}
@@ -69,6 +83,13 @@ def test_every_env_var_exists_in_run_help(render: Render, run_help: str) -> None
         "ELECTOR_RENEW_DEADLINE",
         "ELECTOR_REQUEST_TIMEOUT",
         "ELECTOR_REDIS_PASSWORD_FILE",
+        "ELECTOR_REDIS_TLS_CA",
+        "ELECTOR_REDIS_TLS_CERT",
+        "ELECTOR_REDIS_TLS_KEY",
+        "ELECTOR_PRIORITY",
+        "ELECTOR_LEADER_FILE",
+        "ELECTOR_MIN_REPLICAS_ACK",
+        "ELECTOR_REPLICAS_ACK_TIMEOUT",
     }
     assert elector_vars <= known, elector_vars - known
     # the only other variable is the identity, which the daemon reads from $POD_NAME
@@ -101,7 +122,15 @@ def test_log_settings_are_accepted_choices(render: Render, run_help: str) -> Non
 class Sidecar:
     """A real `python -m elector run` started with the rendered container's args and env only."""
 
-    def __init__(self, container: dict[str, Any], *, redis_url: str, pod_name: str, log_dir: Path) -> None:
+    def __init__(
+        self,
+        container: dict[str, Any],
+        *,
+        redis_url: str,
+        pod_name: str,
+        log_dir: Path,
+        overrides: dict[str, str] | None = None,
+    ) -> None:
         self.port = free_tcp_port()
         env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
         assert container["env"][0] == {
@@ -111,6 +140,7 @@ class Sidecar:
         env["POD_NAME"] = pod_name  # what the downward API provides
         env["ELECTOR_REDIS_URL"] = redis_url  # the test's own redis-server
         env["ELECTOR_HTTP_ADDRESS"] = f"127.0.0.1:{self.port}"  # a free port instead of 8080
+        env |= overrides or {}  # paths of volumes the kubelet would mount
         self.log = (log_dir / f"{pod_name}.log").open("wb")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "elector", *container["args"]],
@@ -148,8 +178,10 @@ class Sidecar:
 def start_sidecar(redis_url: str, tmp_path: Path) -> Iterator[Any]:
     started: list[Sidecar] = []
 
-    def _start(container: dict[str, Any], pod_name: str) -> Sidecar:
-        started.append(Sidecar(container, redis_url=redis_url, pod_name=pod_name, log_dir=tmp_path))
+    def _start(container: dict[str, Any], pod_name: str, overrides: dict[str, str] | None = None) -> Sidecar:
+        started.append(
+            Sidecar(container, redis_url=redis_url, pod_name=pod_name, log_dir=tmp_path, overrides=overrides)
+        )
         return started[-1]
 
     yield _start
@@ -191,6 +223,37 @@ def test_gated_readiness_makes_only_the_leader_ready(
     assert follower.get(path) == 503  # the trade-off documented in values.yaml and NOTES.txt
 
 
+@pytest.mark.integration
+def test_rendered_leader_file_and_priority_reach_the_daemon(
+    render: Render, redis_url: str, start_sidecar: Any, tmp_path: Path
+) -> None:
+    values = {
+        "elector": {
+            **OPTIONAL["elector"],
+            "priority": 3,
+            "leaderFile": "/var/run/elector/leader.json",
+        }
+    }
+    container = sidecar(render(values))
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["ELECTOR_PRIORITY"] == "3"
+    seed_used_lock(redis.Redis.from_url(redis_url), env["ELECTOR_LOCK"])
+    # the emptyDir the chart mounts at dirname(leaderFile): a directory of the test's own here
+    leader_file = tmp_path / "elector" / Path(env["ELECTOR_LEADER_FILE"]).name
+    leader_file.parent.mkdir()
+    leader = start_sidecar(container, "demo-elector-0", {"ELECTOR_LEADER_FILE": str(leader_file)})
+    leader.wait_for("/leader", 200)
+    deadline = time.monotonic() + 10
+    while not leader_file.exists() or not json.loads(leader_file.read_text() or "{}").get("is_leader"):
+        assert time.monotonic() < deadline, "the leader file never said is_leader"
+        time.sleep(0.05)
+    content = json.loads(leader_file.read_text())
+    assert content["identity"] == "demo-elector-0" and content["fencing_token"] > 0
+    # the priority the chart passed is the one the candidate registered with
+    candidates = redis.Redis.from_url(redis_url).hgetall(LockKeys(env["ELECTOR_LOCK"]).candidates)
+    assert json.loads(candidates[b"demo-elector-0"])["priority"] == 3
+
+
 VALID = [
     {},
     {"elector": {"ttl": "1m30s", "renewInterval": "", "requestTimeout": "250ms"}},
@@ -198,6 +261,11 @@ VALID = [
     {"leaderService": {"targetPort": 9000}},
     {"workload": {"podAnnotations": {"a": "b"}, "affinity": {"podAntiAffinity": {}}}},
     {"global": {"imageRegistry": "x"}},
+    {"elector": {"redis": {"url": "redis+sentinel://s1:26379,s2:26379/mymaster/0"}}},
+    {"elector": {"priority": -5, "leaderFile": "/run/elector/{lock}.json", "minReplicasAck": 2}},
+    {"elector": {"replicasAckTimeout": "250ms", "redis": {"tls": {"existingSecret": "t", "caKey": ""}}}},
+    {"leaderElection": {"enabled": True, "handoffWindowSeconds": 2.5}},
+    {"leaderElection": {"enabled": "auto"}},
 ]
 INVALID = [
     ({"replicaCount": 3}, "additional properties 'replicaCount'"),
@@ -217,6 +285,20 @@ INVALID = [
     ({"serviceMonitor": {"enabled": "true"}}, "/serviceMonitor/enabled"),
     ({"dashboard": {"labels": {"grafana_dashboard": 1}}}, "/dashboard/labels/grafana_dashboard"),
     ({"operator": {"image": "x"}}, "additional properties 'image'"),
+    ({"elector": {"priority": "high"}}, "/elector/priority"),
+    ({"elector": {"priority": 2000000}}, "/elector/priority"),
+    ({"elector": {"leaderFile": "leader.json"}}, "/elector/leaderFile"),
+    ({"elector": {"leaderFile": "/leader.json"}}, "/elector/leaderFile"),
+    ({"elector": {"leaderFile": "/var/run/elector/"}}, "/elector/leaderFile"),
+    ({"elector": {"minReplicasAck": -1}}, "/elector/minReplicasAck"),
+    ({"elector": {"minReplicasAck": 101}}, "/elector/minReplicasAck"),
+    ({"elector": {"replicasAckTimeout": "100"}}, "/elector/replicasAckTimeout"),
+    ({"elector": {"redis": {"tls": {"ca": "x"}}}}, "additional properties 'ca'"),
+    ({"elector": {"redis": {"tls": {"existingSecret": "Bad_Name"}}}}, "/elector/redis/tls/existingSecret"),
+    ({"elector": {"exec": ["sh"]}}, "additional properties 'exec'"),
+    ({"leaderElection": {"enabled": "yes"}}, "/leaderElection/enabled"),
+    ({"leaderElection": {"handoffWindowSeconds": 0}}, "/leaderElection/handoffWindowSeconds"),
+    ({"leaderElection": {"leaderLabel": "x"}}, "additional properties 'leaderLabel'"),
 ]
 
 

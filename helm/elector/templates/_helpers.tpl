@@ -89,3 +89,31 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 Operator: its Deployment, ServiceAccount and RBAC are under templates/operator/, rendered only with
 operator.enabled; the LeaderElection CRD is in crds/.
 */}}
+
+{{/*
+"true" when the LeaderElection for the example workload renders: leaderElection.enabled true, or auto with
+this release's operator (Helm values cannot default on each other; a template can).
+*/}}
+{{- define "elector.leaderElection.enabled" -}}
+{{- $mode := toString .Values.leaderElection.enabled }}
+{{- if and .Values.workload.enabled (or (eq $mode "true") (and (eq $mode "auto") .Values.operator.enabled)) }}true{{ end }}
+{{- end }}
+
+{{/*
+Checks of the LeaderElection the schema cannot express (it is read by the operator's pod, not the sidecar).
+Messages name the setting and never print the URL, which may hold a password.
+*/}}
+{{- define "elector.leaderElection.validate" -}}
+{{- $url := .Values.elector.redis.url }}
+{{- $scheme := splitList "://" $url | first }}
+{{- $authority := splitList "://" $url | last | splitList "/" | first }}
+{{- if eq $scheme "unix" }}
+{{- fail "leaderElection: elector.redis.url is a unix:// socket, which the operator's pod cannot reach; use a TCP URL, or set leaderElection.enabled=false" }}
+{{- end }}
+{{- if contains "@" $authority }}
+{{- fail "leaderElection: elector.redis.url holds credentials, which the LeaderElection refuses (anyone who may read it would see them); put the password in the Secret elector.redis.existingSecret" }}
+{{- end }}
+{{- if and .Values.operator.enabled (not .Values.operator.clusterWide) .Values.operator.namespaces (not (has .Release.Namespace .Values.operator.namespaces)) (ne (toString .Values.leaderElection.enabled) "true") }}
+{{- fail (printf "leaderElection: operator.namespaces does not include the release namespace %s, so this release's operator would never see its LeaderElection; add it, or set leaderElection.enabled=false" .Release.Namespace) }}
+{{- end }}
+{{- end }}
