@@ -82,8 +82,6 @@ class KopfThread:
         self._caller_loop = asyncio.get_running_loop()
         #: Done (in the caller's loop) when the thread has finished; its result is kopf's outcome.
         self.finished: asyncio.Future[BaseException | None] = self._caller_loop.create_future()
-        #: time.monotonic() when kopf's operator returned (no kopf task runs from then on).
-        self.stopped_at: float | None = None
         self._guard = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._main: asyncio.Task[None] | None = None
@@ -91,16 +89,9 @@ class KopfThread:
         self._stop_requested = False
         self._thread = threading.Thread(target=self._run_thread, name=f"kopf:{name}", daemon=True)
 
-    @property
-    def stop_requested(self) -> bool:
-        return self._stop_requested
-
     def start(self) -> None:
         _install_filter()
         self._thread.start()
-
-    def is_alive(self) -> bool:
-        return self._thread.is_alive()
 
     async def stop(self, *, budget_s: float) -> bool:
         """Stop kopf within `budget_s`: stop flag, then cancellation. False if it is still running."""
@@ -113,16 +104,11 @@ class KopfThread:
             await asyncio.wait([self.finished], timeout=max(0.0, deadline - time.monotonic()))
         if not self.finished.done():
             logger.error(
-                "kopf did not stop within %.3fs (a synchronous handler or daemon that ignores "
-                "cancellation?): its threads may still run while another replica leads",
+                "kopf did not stop within %.3fs (a synchronous handler or daemon that ignores cancellation?)",
                 budget_s,
             )
             return False
         return True
-
-    def request_stop(self) -> None:
-        """Ask kopf to stop, without waiting (safe from any thread, before or after start)."""
-        self._call_in_thread(self._raise_stop_flag)
 
     # -- inside the thread ---------------------------------------------------------------------
 
@@ -159,7 +145,6 @@ class KopfThread:
         except BaseException as exc:
             outcome = exc
         finally:
-            self.stopped_at = time.monotonic()
             with self._guard:
                 self._loop = None
             try:

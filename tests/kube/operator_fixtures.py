@@ -10,6 +10,7 @@ API server does. Test modules select it with `pytestmark = OPERATOR_KMOCK`.
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import time
 import uuid
@@ -74,6 +75,12 @@ def pod(name: str, *, app: str = "worker", labels: dict[str, str] | None = None)
         "metadata": _meta(name, labels={"app": app, **(labels or {})}),
         "spec": {"containers": [{"name": "main", "image": "example/worker:1"}]},
     }
+
+
+def secret(name: str, **data: str) -> dict[str, Any]:
+    """A Secret with `data` base64-encoded, as the API server stores it."""
+    encoded = {key: base64.b64encode(value.encode()).decode() for key, value in data.items()}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": _meta(name), "data": encoded}
 
 
 def leader_election(name: str, *, lock: str, redis_url: str, **spec: Any) -> dict[str, Any]:

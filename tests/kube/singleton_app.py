@@ -2,6 +2,9 @@
 
     python tests/kube/singleton_app.py --identity a --redis-url URL --kube-url URL --events FILE
 
+With `--stuck-on NAME --unblock FILE`, the ConfigMap NAME is handled by a synchronous handler
+that blocks until FILE exists: kopf cannot stop while it runs (kopf shields executor threads),
+which is what `--on-stuck` is about.
 Its kopf handler records every ConfigMap it handles, and the hooks record each term's start and
 kopf's stop, as JSON lines in --events with `time.monotonic()` (one clock for all processes of
 the machine on Linux), so the test can line them up with its own observations of Redis.
@@ -33,8 +36,12 @@ def main() -> None:
     parser.add_argument("--namespace", default="default")
     parser.add_argument("--ttl-s", type=float, default=3.0)
     parser.add_argument("--stop-work-s", type=float, default=0.5)
+    parser.add_argument("--on-stuck", choices=["exit", "wait"], default="exit")
+    parser.add_argument("--stuck-on", default=None, help="a ConfigMap whose handler blocks")
+    parser.add_argument("--unblock", type=Path, default=None, help="the file that unblocks it")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(threadName)s %(name)s %(message)s")
+    log_format = "%(asctime)s %(levelname)s %(threadName)s %(name)s %(message)s"
+    logging.basicConfig(level=logging.INFO, format=log_format)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
     guard = threading.Lock()
@@ -50,9 +57,20 @@ def main() -> None:
     def login(**_: Any) -> kopf.ConnectionInfo:
         return kopf.ConnectionInfo(server=args.kube_url, insecure=True)
 
-    @kopf.on.create("v1", "configmaps", registry=registry)
+    def is_stuck_one(name: str, **_: Any) -> bool:
+        return name == args.stuck_on
+
+    @kopf.on.create("v1", "configmaps", registry=registry, when=kopf.not_(is_stuck_one))
     async def created(name: str, **_: Any) -> None:
         record("handled", name=name)
+
+    @kopf.on.create("v1", "configmaps", registry=registry, when=is_stuck_one)
+    def stuck(name: str, **_: Any) -> None:  # synchronous: kopf runs it in its executor
+        record("handled", name=name)
+        record("stuck", name=name)
+        while args.unblock is None or not args.unblock.exists():
+            time.sleep(0.05)  # no cancellation reaches a thread
+        record("unblocked", name=name)
 
     settings = kopf.OperatorSettings()
     settings.scanning.disabled = True
@@ -79,6 +97,7 @@ def main() -> None:
         namespaces=[args.namespace],
         on_leading=on_leading,
         on_stopped=on_stopped,
+        on_stuck=args.on_stuck,
     )
     record("exited")
 

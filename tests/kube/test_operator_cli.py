@@ -72,6 +72,10 @@ def test_a_valid_spec_gets_its_defaults() -> None:
         ({"redis": {}}, "redis"),
         ({"redis": {"url": "redis://r", "urlSecretRef": {"name": "s", "key": "k"}}}, "redis"),
         ({"redis": {"url": "redis://user:pw@r:6379"}}, "redis.url"),
+        ({"redis": {"url": "redis://r:6379/0?password=pw"}}, "redis.url"),
+        ({"redis": {"url": "redis://r/0?db=1&PassWord=pw"}}, "redis.url"),
+        ({"redis": {"url": "redis://r/0?%70assword=pw"}}, "redis.url"),  # escaped "p"
+        ({"redis": {"url": "unix://:pw@/run/redis.sock"}}, "redis.url"),
         ({"redis": {"urlSecretRef": {"name": "s"}}}, "redis.urlSecretRef"),
         ({"selector": {}}, "selector"),
         (
@@ -87,6 +91,11 @@ def test_an_invalid_spec_names_the_field(changes: dict[str, object], field: str)
         resource.parse_spec(_spec(**changes))
     assert info.value.field == field
     assert "pw@" not in str(info.value)
+
+
+def test_a_url_without_credentials_is_accepted() -> None:
+    for url in ("redis://r:6379/0", "redis://r/0?socket_timeout=1&db=2", "rediss://r/0?ssl_cert_reqs=none"):
+        assert resource.parse_spec(_spec(redis={"url": url})).redis_url == url
 
 
 def test_selectors_match_as_the_api_server_does() -> None:

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 import elector
-from elector.kube.operator import resource
+from elector.kube.operator import handoff, resource
 from elector.redis_server import RedisServerProcess
 from tests.kube.operator_fixtures import (
     OPERATOR_KMOCK,
@@ -180,3 +180,27 @@ async def test_an_invalid_spec_is_reported_not_crashed_on(
     assert all("hunter2" not in str(e) for e in cluster.events())
     assert operator.sample("elector_operator_reconcile_errors_total", reason="invalid_spec") == 1.0
     assert not operator.task.done()
+
+
+async def test_an_unexpected_handoff_error_is_a_failed_handoff_with_an_event(
+    cluster: Cluster, start_operator, redis_server: RedisServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken_hand_over(*_: object, **__: object) -> object:
+        raise RuntimeError("a bug in the handoff")
+
+    monkeypatch.setattr(handoff, "hand_over", broken_hand_over)
+    seeded_redis(redis_server, "jobs")
+    await cluster.create(pod("pod-a"))
+    election = leader_election("jobs", lock="jobs", redis_url=redis_server.url)
+    await cluster.create(election)
+    operator = await start_operator()
+    async with contenders(redis_server.url, "pod-a"):
+        await eventually(lambda: _holder(cluster) == "pod-a")
+        await cluster.patch(election, {"metadata": {"annotations": {resource.HANDOFF_ANNOTATION: "any"}}})
+        await eventually(lambda: "HandoffFailed" in cluster.event_reasons(kind=resource.KIND, name="jobs"))
+        await eventually(lambda: resource.HANDOFF_ANNOTATION not in _annotations(cluster))
+        failed = [e for e in cluster.events() if e.get("reason") == "HandoffFailed"]
+        assert "failed unexpectedly (RuntimeError)" in failed[-1]["message"]
+        assert failed[-1]["type"] == "Warning"
+        assert operator.sample("elector_operator_reconcile_errors_total", reason="handoff") == 1.0
+        assert not operator.task.done() and _holder(cluster) == "pod-a"

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ import redis.asyncio as aioredis
 
 import elector
 from elector.kube import run_singleton
-from elector.kube.singleton import MIN_STOP_WORK_S, KopfOperatorExited
+from elector.kube.singleton import EXIT_KOPF_STUCK, MIN_STOP_WORK_S, KopfOperatorExited
 from tests.kube.kmock_support import create_object, seed_object
 from tests.support.tcp_proxy import TcpProxy
 
@@ -46,7 +46,10 @@ LEASE_KEY = f"elector:{{{LOCK}}}:lease"
 class SingletonProcess:
     """One child running singleton_app.py; its events are JSON lines in a file of its own."""
 
-    def __init__(self, identity: str, *, redis_url: str, kube_url: str, tmp: Path, ttl_s: float) -> None:
+    def __init__(
+        self, identity: str, *, redis_url: str, kube_url: str, tmp: Path, ttl_s: float,
+        extra: Sequence[str] = (),
+    ) -> None:  # fmt: skip
         self.identity = identity
         self.events_path = tmp / f"{identity}.events"
         self.log_path = tmp / f"{identity}.log"
@@ -59,6 +62,7 @@ class SingletonProcess:
             "--lock", LOCK,
             "--ttl-s", str(ttl_s),
             "--stop-work-s", "0.5",
+            *extra,
         ]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         with self.log_path.open("ab") as log:
@@ -150,9 +154,12 @@ async def children(kmock: kmock_lib.KubernetesEmulator) -> AsyncIterator[list[Si
 
 
 async def start(
-    children: list[SingletonProcess], identity: str, *, redis_url: str, kube: Any, tmp: Path, ttl_s: float
-) -> SingletonProcess:
-    child = SingletonProcess(identity, redis_url=redis_url, kube_url=str(kube.url), tmp=tmp, ttl_s=ttl_s)
+    children: list[SingletonProcess], identity: str, *, redis_url: str, kube: Any, tmp: Path, ttl_s: float,
+    extra: Sequence[str] = (),
+) -> SingletonProcess:  # fmt: skip
+    child = SingletonProcess(
+        identity, redis_url=redis_url, kube_url=str(kube.url), tmp=tmp, ttl_s=ttl_s, extra=extra
+    )
     children.append(child)
     await child.wait_for("started", timeout_s=30)
     return child
@@ -194,6 +201,8 @@ async def test_refuses_settings_that_cannot_work() -> None:
         await run_singleton(fine)
     with pytest.raises(elector.ElectorConfigError, match="the string 'default'"):
         await run_singleton(fine, namespaces="default")
+    with pytest.raises(elector.ElectorConfigError, match='on_stuck: must be "exit" or "wait"'):
+        await run_singleton(fine, namespaces=["default"], on_stuck="kill")  # type: ignore[typeddict-item]
 
 
 async def test_stop_flag_stops_kopf_within_the_budget_and_releases(
@@ -324,6 +333,84 @@ async def test_clean_stop_releases_at_once(
     assert b_leading["t"] - term_at < ttl_s / 2
     for child in (a, b):
         assert_handled_only_while_leading(child)
+
+
+async def test_a_kopf_that_cannot_stop_ends_the_process_without_releasing(
+    redis_url: str, kmock: kmock_lib.KubernetesEmulator, tmp_path: Path, children: list[SingletonProcess]
+) -> None:
+    """on_stuck="exit" (the default): a synchronous handler keeps kopf from stopping, so the
+    process ends before the Elector could release; the follower waits for the lease to expire."""
+    ttl_s = 4.0
+    never = tmp_path / "never-created"  # the handler stays stuck until the process dies
+    async with LeaseWatcher(redis_url) as watcher:
+        a = await start(children, "a", redis_url=redis_url, kube=kmock, tmp=tmp_path, ttl_s=ttl_s,
+                        extra=["--stuck-on", "stuck-1", "--unblock", str(never)])  # fmt: skip
+        await a.wait_for("leading", timeout_s=20)
+        b = await start(children, "b", redis_url=redis_url, kube=kmock, tmp=tmp_path, ttl_s=ttl_s)
+        await create_object(kmock, "v1/configmaps", "default", "stuck-1")
+        await a.wait_for("stuck", timeout_s=20)
+
+        term_at = time.monotonic()
+        a.process.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(a.process.wait, 10)
+        exited_at = time.monotonic()
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            value = await client.get(LEASE_KEY)  # straight after the exit: not released
+        finally:
+            await client.aclose()
+        b_leading = await b.wait_for("leading", timeout_s=ttl_s + 10)
+        a_expiry = watcher.expiry_of("a")
+
+    assert code == EXIT_KOPF_STUCK, a.log_tail()
+    assert value is not None and json.loads(value)["identity"] == "a"
+    # The stop budget is 0.45 s (0.9 of stop_work_s): generous margin for a loaded machine.
+    assert exited_at - term_at < 0.45 + 3.0, exited_at - term_at
+    assert not a.events("stopped") and not a.events("exited") and not a.events("unblocked")
+    log = a.log_path.read_text(errors="replace")
+    assert "CRITICAL" in log and "without releasing the lease" in log, a.log_tail()
+    # The lease was left to expire: b led only once it had.
+    assert b_leading["t"] >= a_expiry - 0.05, (b_leading["t"], a_expiry)
+
+
+async def test_on_stuck_wait_holds_the_lease_until_kopf_stops(
+    redis_url: str, kmock: kmock_lib.KubernetesEmulator, tmp_path: Path, children: list[SingletonProcess]
+) -> None:
+    ttl_s = 3.0
+    unblock = tmp_path / "unblock"
+    extra = ["--on-stuck", "wait", "--stuck-on", "stuck-1", "--unblock", str(unblock)]
+    async with LeaseWatcher(redis_url) as watcher:
+        a = await start(
+            children, "a", redis_url=redis_url, kube=kmock, tmp=tmp_path, ttl_s=ttl_s, extra=extra
+        )
+        await a.wait_for("leading", timeout_s=20)
+        b = await start(children, "b", redis_url=redis_url, kube=kmock, tmp=tmp_path, ttl_s=ttl_s)
+        await create_object(kmock, "v1/configmaps", "default", "stuck-1")
+        await a.wait_for("stuck", timeout_s=20)
+
+        term_at = time.monotonic()
+        a.process.send_signal(signal.SIGTERM)
+        await asyncio.sleep(1.5 * ttl_s)  # longer than one ttl: only renewals keep a's lease
+        assert a.process.poll() is None, a.log_tail()
+        assert not b.events("leading")
+        held = [(sent, holder) for sent, holder, _ in watcher.samples if sent > term_at + ttl_s]
+        assert held and all(holder == "a" for _, holder in held), held[-5:]
+        assert not a.events("stopped")
+
+        unblocked_at = time.monotonic()
+        unblock.touch()
+        await a.wait_for("exited", timeout_s=15)
+        b_leading = await b.wait_for("leading", timeout_s=ttl_s + 5)
+        a_expiry = watcher.expiry_of("a")
+
+    assert a.process.wait(timeout=10) == 0
+    a_stopped = a.events("stopped")[-1]
+    assert a.events("unblocked")[0]["t"] <= a_stopped["t"] < b_leading["t"]
+    # Released once kopf had stopped, not left to expire.
+    assert b_leading["t"] < a_expiry - 0.5, (b_leading["t"], a_expiry)
+    assert b_leading["t"] - unblocked_at < ttl_s / 2 + 1.0
+    log = a.log_path.read_text(errors="replace")
+    assert "holding the lease, not releasing, until it stops" in log, a.log_tail()
 
 
 def test_settings_copy_keeps_caller_settings() -> None:

@@ -100,6 +100,15 @@ class HandoffRunner:
             result = HandoffResult(
                 done=False, message=f"lock {spec.lock}: Redis failed during the handoff: {exc}"
             )
+        except Exception as exc:
+            # Anything else (a bug, an unexpected reply): still a failed handoff with an Event,
+            # never a task that dies unseen while the annotation is cleared without a word.
+            self._log.exception("handoff of lock %s failed unexpectedly", spec.lock)
+            result = HandoffResult(
+                done=False,
+                message=f"lock {spec.lock}: the handoff failed unexpectedly ({type(exc).__name__}); "
+                "see the operator's log",
+            )
         if result.done:
             self._log.info("%s", result.message)
             self._post(self._body, type="Normal", reason="HandoffSucceeded", message=result.message)

@@ -77,8 +77,10 @@ class KubeApi:
         self._session: aiohttp.ClientSession | None = None
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self._relogin = relogin
-        #: Sessions of replaced credentials, closed with the client (requests in flight finish).
-        self._retired: list[aiohttp.ClientSession] = []
+        #: Sessions of replaced credentials: each is closed once its last request is done.
+        self._retired: set[aiohttp.ClientSession] = set()
+        #: Requests under way, per session.
+        self._in_flight: dict[aiohttp.ClientSession, int] = {}
 
     @property
     def ready(self) -> bool:
@@ -89,16 +91,31 @@ class KubeApi:
         self._info = info
         if self._session is not None:
             session, self._session = self._session, None
-            self._retired.append(session)
+            self._retired.add(session)
 
     async def close(self) -> None:
         sessions = [s for s in (self._session, *self._retired) if s is not None]
-        self._session, self._retired = None, []
+        self._session, self._retired = None, set()
         for session in sessions:
+            await session.close()
+
+    async def _close_idle_retired(self) -> None:
+        """Close the retired sessions no request uses any more (so that re-logins do not pile up)."""
+        idle = [s for s in self._retired if not self._in_flight.get(s)]
+        for session in idle:
+            self._retired.discard(session)
             await session.close()
 
     def _session_for(self, info: kopf.ConnectionInfo) -> aiohttp.ClientSession:
         if self._session is None:
+            try:
+                ssl_context = _ssl_context(info)
+            except (ssl.SSLError, OSError, ValueError) as exc:  # binascii.Error is a ValueError
+                # Bad certificate data from the login (never shown: only what kind of problem).
+                raise KubeApiError(
+                    f"cannot set up TLS to the Kubernetes API with the login's certificates: "
+                    f"{type(exc).__name__}"
+                ) from None
             headers = {"Accept": "application/json", "User-Agent": "elector-operator"}
             auth = None
             if info.token:
@@ -110,7 +127,7 @@ class KubeApi:
                 headers=headers,
                 auth=auth,
                 timeout=self._timeout,
-                connector=aiohttp.TCPConnector(ssl=_ssl_context(info)),
+                connector=aiohttp.TCPConnector(ssl=ssl_context),
             )
         return self._session
 
@@ -128,6 +145,7 @@ class KubeApi:
                 raise KubeApiError("not logged in to the Kubernetes API yet")
             session = self._session_for(info)
             headers = {"Content-Type": "application/merge-patch+json"} if method == "PATCH" else {}
+            self._in_flight[session] = self._in_flight.get(session, 0) + 1
             try:
                 async with session.request(
                     method,
@@ -147,9 +165,21 @@ class KubeApi:
                             f"{method} {path}: HTTP {response.status}: {_status_message(text)}",
                             status=response.status,
                         )
-                    return await response.json(content_type=None)
+                    try:
+                        return await response.json(content_type=None)
+                    except ValueError:  # json.JSONDecodeError, UnicodeDecodeError
+                        raise KubeApiError(
+                            f"{method} {path}: HTTP {response.status}: the answer is not JSON",
+                            status=response.status,
+                        ) from None
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise KubeApiError(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+            finally:
+                left = self._in_flight.pop(session) - 1
+                if left:
+                    self._in_flight[session] = left
+                if self._retired:
+                    await self._close_idle_retired()
         raise KubeApiError(f"{method} {path}: unauthorized", status=401)
 
     # -- the requests the operator makes --------------------------------------------------------

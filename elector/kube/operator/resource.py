@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import re
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,6 +31,9 @@ _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 _LOCK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@-]{0,199}")
 _SELECTOR_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
 _MAX_WINDOW_S = 600.0
+#: Query parameters that carry a secret (redis-py reads `password`; the others are refused too,
+#: as elector's URL redaction masks them: none is a Redis option).
+_CREDENTIAL_QUERY_KEYS = frozenset({"password", "pass", "pwd", "secret", "token"})
 
 
 class SpecError(ValueError):
@@ -125,6 +129,15 @@ def _check_selector(selector: Any) -> Mapping[str, Any]:
     return selector
 
 
+def _has_credentials(url: str) -> bool:
+    """A user-info part ("user:pw@host") or a `password=` query parameter (any case, escaped or not)."""
+    if "@" in url.partition("://")[2].partition("/")[0]:
+        return True
+    query = url.partition("?")[2].partition("#")[0]
+    keys = (urllib.parse.unquote_plus(part.partition("=")[0]).strip().lower() for part in query.split("&"))
+    return any(key in _CREDENTIAL_QUERY_KEYS for key in keys)
+
+
 def parse_spec(spec: Mapping[str, Any]) -> LeaderElectionSpec:
     """Validate a LeaderElection's spec (the CRD's schema checks the shape; this the meaning)."""
     lock = _str(spec, "lock", "lock")
@@ -137,7 +150,7 @@ def parse_spec(spec: Mapping[str, Any]) -> LeaderElectionSpec:
     url_secret = _secret_ref(redis.get("urlSecretRef"), "redis.urlSecretRef")
     if (url is None) == (url_secret is None):
         raise SpecError("redis", "needs exactly one of url and urlSecretRef")
-    if url is not None and "@" in url.partition("://")[2].partition("/")[0]:
+    if url is not None and _has_credentials(url):
         # A password in a plain spec field is readable by everyone who may read the resource.
         raise SpecError("redis.url", "must not hold credentials: use passwordSecretRef or urlSecretRef")
     leader_label = _str(spec, "leaderLabel", "leaderLabel", default=DEFAULT_LEADER_LABEL)

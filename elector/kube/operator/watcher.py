@@ -88,6 +88,12 @@ class ElectionWatcher:
         self._transitions = int(status.get("transitions") or 0)
         self._last_transition_time: str | None = status.get("lastTransitionTime")
         self._written: dict[str, Any] | None = None
+        #: The spec problem last reported (an Event each time it changes, not every retry).
+        self._invalid_reported: str | None = None
+        #: (selector, label) of the pods whose leader label this watcher put; older ones, whose
+        #: labels must go after a spec change, are in `_stale_labels`.
+        self._label_scope: tuple[Mapping[str, Any], str] | None = None
+        self._stale_labels: list[tuple[Mapping[str, Any], str]] = []
         self._next_resync = 0.0
         self._metric_lock: str | None = None
         self._handoffs = handoff.HandoffRunner(
@@ -104,9 +110,13 @@ class ElectionWatcher:
                 try:
                     client, backend = await self._connect(spec)
                 except _SetupError as exc:
-                    await self._fail(exc.reason, str(exc))
+                    if exc.reason == "invalid_spec":
+                        await self._report_invalid(str(exc))
+                    else:
+                        await self._fail(exc.reason, str(exc))
                     await asyncio.sleep(self._settings.max_backoff_s)
                     continue
+                self._invalid_reported = None
                 try:
                     await self._watch(spec, backend)
                 finally:
@@ -120,18 +130,22 @@ class ElectionWatcher:
         return resource.parse_spec(self._body.get("spec") or {})
 
     async def _valid_spec(self) -> resource.LeaderElectionSpec:
-        reported = None
         while True:
             try:
                 return self._parse()
             except resource.SpecError as exc:
-                if str(exc) != reported:  # once per distinct problem, not every second
-                    reported = str(exc)
-                    self._metrics.error("invalid_spec")
-                    self._log.error("invalid LeaderElection: %s", exc)
-                    self._post(self._body, type="Warning", reason="InvalidSpec", message=str(exc))
-                    await self._write_status(reconcile.invalid_spec_status(self._status, str(exc)))
+                await self._report_invalid(str(exc))
             await asyncio.sleep(self._settings.poll_s)
+
+    async def _report_invalid(self, message: str) -> None:
+        """SpecValid False, an Event and a metric: once per distinct problem, not every retry."""
+        if message == self._invalid_reported:
+            return
+        self._invalid_reported = message
+        self._metrics.error("invalid_spec")
+        self._log.error("invalid LeaderElection: %s", message)
+        self._post(self._body, type="Warning", reason="InvalidSpec", message=message)
+        await self._write_status(reconcile.invalid_spec_status(self._status, message))
 
     async def _connect(
         self, spec: resource.LeaderElectionSpec
@@ -143,6 +157,12 @@ class ElectionWatcher:
                 url = _with_password(url, password)
         except KubeApiError as exc:
             raise _SetupError(str(exc), reason="secret") from None
+        except ValueError as exc:  # urlsplit: e.g. "redis://[::1" from a Secret
+            # The URL may have come from a Secret: say where from, never the value.
+            source = "spec.redis.url" if spec.url_secret is None else f"Secret {spec.url_secret.name}"
+            raise _SetupError(
+                f"spec.redis: the Redis URL ({source}) cannot take the password: {exc}", reason="invalid_spec"
+            ) from None
         settings = RedisSettings(
             url=url, request_timeout_s=self._settings.redis_timeout_s, key_prefix=spec.key_prefix
         )
@@ -166,6 +186,7 @@ class ElectionWatcher:
                     current = None
                 if current != spec:
                     self._log.info("LeaderElection spec changed; reconnecting")
+                    self._next_resync = 0.0  # labels under a new selector or label: at once
                     return
                 if subscription is None:
                     with contextlib.suppress(LeaseBackendError):  # announcements only speed things up
@@ -251,17 +272,37 @@ class ElectionWatcher:
         self, spec: resource.LeaderElectionSpec, holder: Holder | None
     ) -> dict[str, Mapping[str, Any]] | None:
         """Put the leader label right on every candidate pod; the pods by name, None on failure."""
+        scope = (spec.selector, spec.leader_label)
+        if self._label_scope is not None and self._label_scope != scope:
+            self._stale_labels.append(self._label_scope)
+        self._label_scope = scope
         try:
             pods = await self._api.list_pods(self._namespace, spec.selector)
             changes = reconcile.label_changes(pods, holder=holder, label=spec.leader_label)
             # The old holder first: for a moment no pod is "true" rather than two.
             for name, value in sorted(changes.items(), key=lambda item: item[1] == "true"):
                 await self._api.patch_pod_labels(self._namespace, name, {spec.leader_label: value})
+            await self._remove_stale_labels(spec)
         except KubeApiError as exc:
             self._metrics.error("kubernetes")
             self._log.warning("cannot label the candidate pods: %s", exc)
             return None
         return {pod["metadata"]["name"]: pod for pod in pods}
+
+    async def _remove_stale_labels(self, spec: resource.LeaderElectionSpec) -> None:
+        """After a change of selector or leaderLabel: take the old label off the pods the old
+        selector chose (but not where the new spec owns that very label), so that no pod keeps
+        an old "true". Done after the new labels are on; a failure is retried next cycle."""
+        while self._stale_labels:
+            selector, label = self._stale_labels[0]
+            for pod in await self._api.list_pods(self._namespace, selector):
+                meta = pod.get("metadata") or {}
+                labels = meta.get("labels") or {}
+                owned = label == spec.leader_label and resource.selector_matches(spec.selector, labels)
+                if label in labels and not owned:
+                    await self._api.patch_pod_labels(self._namespace, str(meta["name"]), {label: None})
+            self._stale_labels.pop(0)
+            self._log.info("removed the old label %s from the pods of the old selector", label)
 
     def _export_holder(self, lock: str, holder: Holder | None) -> None:
         if self._metric_lock is not None and self._metric_lock != lock:
@@ -279,6 +320,7 @@ class ElectionWatcher:
         spec: resource.LeaderElectionSpec | None = None,
     ) -> None:
         self._metrics.error(reason)
+        self._invalid_reported = None  # the status below says SpecValid True: report anew
         previous: Mapping[str, Any] = next(
             (c for c in self._status.get("conditions") or [] if c.get("type") == reconcile.REDIS_REACHABLE),
             {},
