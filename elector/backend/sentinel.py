@@ -23,7 +23,10 @@ the pool does on a failover (checked in tests/backend/test_sentinel.py):
   connection: only a master watcher (sentinel_watch.py, which the daemon and the library run)
   moves the pool's connections at once. Without it, a leader stays on the old master.
 - Discovery asks every sentinel (or uses the watcher's answer), not just the first one: the
-  failover leader reports the old address in SENTINEL MASTERS until its failover ends.
+  failover leader reports the old address in SENTINEL MASTERS until its failover ends. An
+  address is used only when a majority of the listed sentinels name it with the newest config
+  epoch (sentinel_watch.agreed_master); without a majority the connection fails
+  (MasterNotFoundError, a failed request) rather than guess.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Follow a Sentinel failover at once: a master watcher that moves the client's pool.
+"""Follow a Sentinel failover: a master watcher that moves the client's pool, on a quorum only.
 
 Why it is needed. After `SENTINEL FAILOVER` Sentinel promotes a replica within ~0.2 s but
 demotes the OLD master only ~10 s later; until then the old master accepts writes, and nothing
@@ -11,42 +11,63 @@ there until its failover ends (~1 s after the others switched, measured).
 
 What the watcher does. Every `poll_interval_s` (and at once when a sentinel publishes
 `+switch-master`, `+selected-slave` or `+promoted-slave`) it asks EVERY sentinel, concurrently and
-within the request timeout, for the master: its address (`SENTINEL GET-MASTER-ADDR-BY-NAME`, which
-names the promoted replica as soon as the promotion is seen), its config epoch (`SENTINEL MASTER`)
-and the replica a failover in progress is promoting (flag `promoted` in `SENTINEL REPLICAS`).
-The answer: the promoted replica of a failover in progress, else the address of the highest config
-epoch (the newest configuration, as the sentinels themselves decide). When it differs from where
-the pool's connections are connected, the pool is pointed at it and those connections are closed,
-idle and in-use alike (a request in flight fails at once with a ConnectionError: a failed renewal,
-never a false success on a master that is being abandoned). New connections ask the watcher's
-answer instead of a single sentinel, so they cannot land on the old master either.
+within the request timeout, for the master's address (`SENTINEL GET-MASTER-ADDR-BY-NAME`) and
+config epoch (`SENTINEL MASTER`, read before and after the address: an answer whose epoch moved in
+between is left out). It follows an address only when a MAJORITY of the sentinels the URL lists
+name it with the highest config epoch among the answers (`agreed_master`); otherwise it stays
+where it is. When the agreed address differs from where the pool's connections are connected, the
+pool is pointed at it and those connections are closed, idle and in-use alike (a request in
+flight fails at once with a ConnectionError: a failed renewal, never a false success on a master
+that is being abandoned). New connections use the watcher's answer; without one they ask the
+sentinels themselves under the same rule and fail (MasterNotFoundError) when there is no majority.
 
-Why it is safe without --min-replicas-ack (R = renew interval = 0.3 ttl, P = poll interval =
-min(1 s, R/2), q = request timeout <= R/2; the default ttl 10 s gives R = 3 s, P = 1 s, q = 1 s):
+Why a majority, and no shortcut (the two-leader bug of fault seed 3584433965). An earlier version
+also followed the replica that ONE sentinel flagged `promoted` during its failover, before the
+promotion was confirmed, and otherwise the single answer with the highest epoch. Right after a
+SIGKILLed master was restarted empty, Sentinel 7.0 sometimes (3 of 12 tries here) starts a
+SECOND failover, of the freshly promoted and healthy master; in the fault run its leader
+evidently selected the restarted, empty node. A daemon that followed the `promoted` flag moved
+there at once; another stayed on the master the majority still named; each was granted on its
+own server. One sentinel's answer - a failover leader whose failover may still abort, a sentinel
+cut off from the others, a stale one - is not the deployment's configuration; what a majority
+names at the newest epoch is (Sentinel needs a majority to authorise a failover, and the others
+adopt the winner's configuration within ~0.1 s of the promotion, by hello messages). With 3
+sentinels 2 must answer and agree; with fewer the watcher keeps its current address and new
+connections fail. tests/backend/test_sentinel_restart.py holds a failover leader's `promoted`
+flag up for seconds (deterministic) and replays the fault run's sequence.
 
-- The new master holds the lease key as of the leader's last renewal replicated before the
-  promotion (SLAVEOF NO ONE at T_p), sent at T_rep > T_p - R, so the key lives until T_rep + ttl.
-- The failover leader flags its chosen replica `promoted` before it sends SLAVEOF NO ONE; the
-  watcher sees that by T_p + P + q (with pub/sub, `+selected-slave`: within milliseconds), and
-  from then on every request goes to the new master (until the promotion lands it answers
-  READONLY: a failed renewal, harmless). Renewals are R apart: the first one that reaches the new
-  master is sent by T_rep + 2R (R + P + q <= 2R) and answered by T_rep + 2R + q <= T_rep + 0.75 ttl,
-  before the key expires (defaults: 7 s after T_rep, the key lives 10 s). It finds the leader's own
-  value there and renews it: same fencing token, no step-down.
-- Should the key still have expired (a ttl so short that the sentinels' own delays matter; or a
-  watcher that could not reach any sentinel), the renewal finds it gone and the leader steps down
-  at once, while nobody can be granted on the new master before T_rep + 2 ttl: its run_id differs
-  from the one recorded at the last grant, so the first attempt after the expiry starts a one-ttl
-  quiet period (scripts.ACQUIRE). The leader reaches the new master well before that.
-- Followers likewise leave the old master: nobody reads or is granted there.
+Why it is safe without --min-replicas-ack (defaults: D = renew deadline = 2/3 ttl, R = renew
+interval = D/2, P = poll interval = min(1 s, R/2), q = request timeout <= R/2, so P + q <= R;
+T_p = the promotion (SLAVEOF NO ONE), T_m = when a majority of sentinels name the new master,
+~0.1 s after T_p, measured):
 
-Measured (tests/backend/test_sentinel_switch.py, Redis 7.0, all on one host): see
-docs/_draft_sentinel_tls.md ("Planned failover").
+- Nobody is on the new master before T_m: every watcher and every new connection needs the
+  majority. Every watcher moves within P + q of T_m (at once with pub/sub: each sentinel that
+  switches publishes `+switch-master`), so watchers differ by at most P + q <= R.
+- The new master holds the lease key as of the leader's last renewal replicated before T_p, sent
+  after T_p - R, so the key lives until after T_p - R + ttl. The leader reaches the new master by
+  T_m + P + q and renews its own value there (same fencing token, no step-down) if the key is
+  still there, which it is when T_m - T_p + 2R < ttl (defaults: 0.1 s + 2/3 ttl < ttl).
+- Otherwise (a key that expired or never was there: an empty or lagging promoted replica), the
+  new master's run_id differs from the one recorded at the last grant, or its fencing counter is
+  missing, so the first acquire there starts a one-ttl quiet period (scripts.ACQUIRE): no grant
+  before T_m + ttl. The leader's renewal there finds the key gone and it steps down at once; its
+  last successful renewal (on the old master) was sent before it moved, by T_m + P + q, so it
+  believed it led until at most T_m + R + D = T_m + ttl (defaults). No overlap.
+- Followers likewise leave the old master within P + q; the leader's key there lives at least
+  ttl - R after the leader left it, longer than any follower's lag, so nobody is granted there.
+- Not covered: a watcher that cannot reach a majority of the sentinels keeps its address (an old
+  master that stays writable, as in a network partition, is then bounded only by
+  --min-replicas-ack or Redis's own min-replicas-to-write).
+
+Measured (tests/backend/test_sentinel_switch.py, tests/backend/test_sentinel_restart.py, Redis
+7.0, all on one host): see docs/topologies.md ("Sentinel").
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -78,12 +99,10 @@ def default_poll_interval_s(renew_interval_s: float) -> float:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SentinelAnswer:
-    """What one sentinel says about the master."""
+    """What one sentinel says about the master: its address and the configuration's epoch."""
 
     address: Address
     config_epoch: int
-    #: The replica a failover in progress is promoting (not yet the reported master), if any.
-    promoting: Address | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -109,25 +128,34 @@ def _connected_to(connection: Any) -> Address:
     return str(connection.host), int(connection.port)
 
 
-def best_master(answers: list[SentinelAnswer]) -> Address | None:
-    """The replica being promoted if a failover is in progress, else the newest configuration's."""
+def quorum_of(sentinels: int) -> int:
+    """How many sentinels make a majority of `sentinels` (2 of 3, 3 of 5)."""
+    return sentinels // 2 + 1
+
+
+def agreed_master(answers: list[SentinelAnswer], *, sentinels: int) -> Address | None:
+    """The address a majority of all `sentinels` name with the newest epoch answered; else None.
+
+    Counted against every sentinel the URL lists, not only those that answered: one answer (a
+    failover leader whose failover may still abort, a stale or cut-off sentinel) never decides.
+    """
+    if sentinels < 1:
+        raise ValueError(f"sentinels must be at least 1, got {sentinels!r}")
     if not answers:
         return None
-    promoting = [a for a in answers if a.promoting is not None]
-    if promoting:
-        newest = max(promoting, key=lambda a: a.config_epoch)
-        assert newest.promoting is not None
-        return newest.promoting
-    return max(answers, key=lambda a: a.config_epoch).address
+    newest = max(a.config_epoch for a in answers)
+    votes = collections.Counter(a.address for a in answers if a.config_epoch == newest)
+    address, count = votes.most_common(1)[0]
+    return address if count >= quorum_of(sentinels) else None
 
 
 class FollowingSentinel(Sentinel):
-    """redis-py's Sentinel whose discovery asks every sentinel (or uses the watcher's answer).
+    """redis-py's Sentinel whose discovery needs a majority of sentinels (or the watcher's answer).
 
     redis-py takes the first sentinel's `SENTINEL MASTERS` entry, which is the OLD master on the
     failover leader until its failover ends. With a watcher running, new connections use the
-    watcher's latest answer (no round trip); without one, every sentinel is asked and the best
-    answer (see `best_master`) wins.
+    watcher's latest answer (no round trip; it was agreed by a majority); without one, every
+    sentinel is asked and only an address a majority agrees on is used (see `agreed_master`).
     """
 
     #: The watcher's latest answer; None until it has one (or without a watcher).
@@ -147,27 +175,32 @@ class FollowingSentinel(Sentinel):
     ) -> SentinelAnswer:
         async with asyncio.timeout(timeout_s):
             async with sentinel.pipeline(transaction=False) as pipe:
+                # The epoch before and after the address: an answer is one configuration's only.
+                pipe.sentinel_master(service_name)
                 pipe.sentinel_get_master_addr_by_name(service_name)
                 pipe.sentinel_master(service_name)
-                pipe.sentinel_slaves(service_name)
-                addr, master, replicas = await pipe.execute()
-        promoting = None
-        if "failover_in_progress" in str(master.get("flags", "")):
-            for replica in replicas:
-                flags = str(replica.get("flags", "")).split(",")
-                if "promoted" in flags and "s_down" not in flags and "o_down" not in flags:
-                    promoting = _address(replica["ip"], replica["port"])
-        return SentinelAnswer(
-            address=_address(*addr), config_epoch=int(master.get("config-epoch", 0)), promoting=promoting
-        )
+                before, addr, after = await pipe.execute()
+        epoch = int(before.get("config-epoch", 0))
+        if epoch != int(after.get("config-epoch", 0)):
+            raise MasterNotFoundError("the sentinel's configuration changed while it was asked")
+        return SentinelAnswer(address=_address(*addr), config_epoch=epoch)
+
+    async def agreed_master(self, service_name: str, *, timeout_s: float) -> Address | None:
+        """Ask every sentinel; the address a majority of them agree on (`agreed_master`), or None."""
+        answers = await self.ask(service_name, timeout_s=timeout_s)
+        return agreed_master(answers, sentinels=len(self.sentinels))
 
     async def discover_master(self, service_name: str) -> Address:
         if self.followed is not None:
             return self.followed
         timeout_s = self.sentinels[0].connection_pool.connection_kwargs.get("socket_timeout") or 1.0
-        address = best_master(await self.ask(service_name, timeout_s=timeout_s))
+        address = await self.agreed_master(service_name, timeout_s=timeout_s)
         if address is None:
-            raise MasterNotFoundError(f"No master found for {service_name!r}: no sentinel answered")
+            # Failing the connection is safe (a failed request); guessing an address is not.
+            raise MasterNotFoundError(
+                f"No master found for {service_name!r}: no majority of the "
+                f"{len(self.sentinels)} sentinels agree on one"
+            )
         return address
 
 
@@ -203,8 +236,10 @@ class SentinelMasterWatcher:
         self._tasks: list[asyncio.Task[None]] = []
         #: Every move made, oldest first (tests and logs read it).
         self.switches: list[MasterSwitch] = []
-        #: Successful polls, and wake-ups by a sentinel's message.
+        #: Polls that found a majority; polls that did not (the address was kept); wake-ups by a
+        #: sentinel's message.
         self.polls = 0
+        self.undecided = 0
         self.pubsub_wakeups = 0
         self._trouble_logged_at: float | None = None
 
@@ -246,11 +281,17 @@ class SentinelMasterWatcher:
                     await self._wake.wait()
 
     async def check(self, *, cause: str = "poll") -> MasterSwitch | None:
-        """Ask the sentinels once; move the pool if the master changed. The move, if one was made."""
+        """Ask the sentinels once; move the pool if a majority names another master. The move, if any."""
         answers = await self._manager.ask(self._pool.service_name, timeout_s=self.request_timeout_s)
-        address = best_master(answers)
+        total = len(self._manager.sentinels)
+        address = agreed_master(answers, sentinels=total)
         if address is None:
-            self._trouble("no sentinel answered")
+            # Kept where it is. Brief disagreement is normal while a configuration spreads (~0.1 s).
+            self.undecided += 1
+            if len(answers) < quorum_of(total):
+                self._trouble(f"{len(answers)} of {total} sentinels answered; a majority is needed")
+            else:
+                logger.debug("sentinel master watcher: no majority yet: %s", answers)
             return None
         self.polls += 1
         self._trouble_logged_at = None

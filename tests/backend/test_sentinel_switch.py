@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from elector.backend import RedisLeaseBackend, RedisSettings, make_client
-from elector.backend.sentinel_watch import SentinelAnswer, SentinelMasterWatcher, best_master, watch_master
+from elector.backend.sentinel_watch import SentinelAnswer, SentinelMasterWatcher, agreed_master, watch_master
 from elector.lease import Granted, LeaseBackendError, Renewed
 from tests.support.daemon import DaemonProcess, wait_until
 from tests.support.seed import seed_used_lock_async
@@ -36,15 +36,23 @@ def deployment() -> Iterator[SentinelSet]:
         yield sentinels
 
 
-def test_best_master_prefers_a_promotion_in_progress_then_the_newest_epoch() -> None:
-    old, new, other = ("h", 1), ("h", 2), ("h", 3)
-    assert best_master([]) is None
+def test_agreed_master_needs_a_majority_of_all_sentinels_at_the_newest_epoch() -> None:
+    old, new = ("h", 1), ("h", 2)
     lagging = SentinelAnswer(address=old, config_epoch=1)
     switched = SentinelAnswer(address=new, config_epoch=2)
-    assert best_master([lagging, switched]) == new
-    assert best_master([switched, lagging]) == new
-    promoting = SentinelAnswer(address=old, config_epoch=1, promoting=other)
-    assert best_master([lagging, promoting]) == other
+    assert agreed_master([], sentinels=3) is None
+    assert agreed_master([switched, switched, lagging], sentinels=3) == new
+    assert agreed_master([lagging, switched, switched], sentinels=3) == new
+    # One sentinel ahead (a failover leader) does not decide, nor do the others at an older epoch.
+    assert agreed_master([lagging, lagging, switched], sentinels=3) is None
+    # Counted against every listed sentinel, not only those that answered.
+    assert agreed_master([switched], sentinels=3) is None
+    assert agreed_master([switched, switched], sentinels=3) == new
+    assert agreed_master([switched, switched], sentinels=5) is None
+    other = SentinelAnswer(address=("h", 3), config_epoch=2)
+    assert agreed_master([switched, other, lagging], sentinels=3) is None
+    with pytest.raises(ValueError, match="sentinels"):
+        agreed_master([switched], sentinels=0)
 
 
 async def _follows(watcher: SentinelMasterWatcher, address: tuple[str, int], *, timeout_s: float) -> bool:

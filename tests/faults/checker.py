@@ -217,12 +217,15 @@ def load_terms(directory: Path, harness: list[dict[str, Any]], run_end: float) -
 
 def _classify(older: Term, newer: Term, pauses: list[Pause], prompt_s: float) -> str | None:
     """None if the overlap is covered by fencing (see the module docstring), else why it is not."""
-    pause = next(
+    # The LATEST freeze before the newer term began: an earlier short pause of the same process
+    # would measure "ended promptly after it was resumed" from the wrong resume.
+    pause = max(
         (
             p for p in pauses
             if older.pid in p.pids and older.start <= p.frozen <= newer.start and p.resumed < older.end
         ),
-        None,
+        key=lambda p: p.frozen,
+        default=None,
     )  # fmt: skip
     if pause is None:
         return "both children were running"
