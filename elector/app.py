@@ -17,6 +17,7 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 
+import prometheus_client
 import structlog
 from prometheus_client import CollectorRegistry
 
@@ -375,6 +376,10 @@ def _fan_out(
 def run_daemon(settings: Settings) -> int:
     """Run the daemon until it stops; returns the process exit code."""
     configure_logging(settings.logs)
+    # The daemon owns its process: drop prometheus_client's `*_created` series (a process-wide
+    # switch). No dashboard or alert reads them, and they are a third of a scrape's series: at
+    # 1,000 locks 64,000 series took ~0.9 s of CPU to render at every scrape.
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
     async def main() -> int:
         return await Daemon(settings).run()
