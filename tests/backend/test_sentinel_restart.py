@@ -37,6 +37,17 @@ from tests.support.sentinel import SentinelSet
 Address = tuple[str, int]
 SWITCH = re.compile(r"switched from \S+ to ([\d.]+):(\d+)")
 
+#: How often the daemon-level run repeats in the soak profile (the bug it guards was intermittent).
+RUNS_IN_SOAK = 3
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Daemon-level repeats: once in CI; RUNS_IN_SOAK times with --faults-profile=soak."""
+    if "run" in metafunc.fixturenames:
+        soak = metafunc.config.getoption("--faults-profile") == "soak"
+        metafunc.parametrize("run", range(1, (RUNS_IN_SOAK if soak else 1) + 1))
+
+
 
 @pytest.fixture
 def deployment() -> Iterator[SentinelSet]:
@@ -193,7 +204,6 @@ def _overlaps(daemons: list[DaemonProcess], *, seconds: float) -> list[str]:
     return overlaps
 
 
-@pytest.mark.parametrize("run", [1, 2])
 def test_old_master_restarted_empty_never_splits_the_daemons(
     deployment: SentinelSet, tmp_path: Path, run: int
 ) -> None:

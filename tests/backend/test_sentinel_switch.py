@@ -29,6 +29,17 @@ LEASE_KEY = "elector:{jobs}:lease"
 #: Slack for a loaded 2-core machine shared with other test runs.
 MARGIN_S = 1.0
 
+#: How often the daemon-level run repeats in the soak profile (the bug it guards was intermittent).
+RUNS_IN_SOAK = 3
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Daemon-level repeats: once in CI; RUNS_IN_SOAK times with --faults-profile=soak."""
+    if "run" in metafunc.fixturenames:
+        soak = metafunc.config.getoption("--faults-profile") == "soak"
+        metafunc.parametrize("run", range(1, (RUNS_IN_SOAK if soak else 1) + 1))
+
+
 
 @pytest.fixture
 def deployment() -> Iterator[SentinelSet]:
@@ -168,7 +179,6 @@ def _leader_intervals(
     return overlaps, time.monotonic() - started, tokens
 
 
-@pytest.mark.parametrize("run", [1, 2, 3])
 def test_daemons_never_overlap_across_a_planned_failover(
     deployment: SentinelSet, tmp_path: Path, run: int
 ) -> None:
