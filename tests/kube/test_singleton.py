@@ -293,6 +293,11 @@ async def test_only_the_leader_handles_and_the_other_takes_over_after_a_cut(
         b_leading = await b.wait_for("leading", timeout_s=ttl_s + 10)
         b_handled = await b.wait_for("handled", name="after-cut", timeout_s=ttl_s + 10)
 
+    print(
+        f"\nsingleton after a cut (ttl {ttl_s:g} s): a's kopf stopped {a_expiry - a_stopped['t']:.2f} s "
+        f"before its lease expired; b led {b_leading['t'] - cut_at:.2f} s and handled a new object "
+        f"{b_handled['t'] - cut_at:.2f} s after the cut"
+    )
     # The ex-leader stopped kopf before its lease could expire on Redis.
     assert a_stopped["t"] < a_expiry, (a_stopped, a_expiry)
     # The follower took over within the ttl of the cut (with margin for a loaded machine), and
