@@ -32,31 +32,26 @@ new grants for one ttl, exactly as for a standalone failover). Fencing tokens st
 
 from __future__ import annotations
 
-import socket
 import urllib.parse
 from typing import TYPE_CHECKING, Any, cast
 
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
-from elector.backend.connection import InvalidRedisSettingsError, RedisSettings, redact_url
+from elector.backend.connection import (
+    InvalidRedisSettingsError,
+    RedisSettings,
+    client_policy,
+    redact_url,
+    tls_options,
+    url_without_password,
+)
 from elector.backend.redis_lease import RedisLeaseBackend, _translate
 
 if TYPE_CHECKING:
     from elector.backend.hub import EventHub
 
 CLUSTER_SCHEMES = ("redis", "rediss")
-
-
-def _keepalive_options() -> dict[int, int]:
-    # Same policy as connection.py: a silently dead peer is detected in ~10 s without PINGs.
-    options: dict[int, int] = {}
-    for name, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 3)):
-        if hasattr(socket, name):
-            options[getattr(socket, name)] = value
-    return options
 
 
 def _check_cluster_url(url: str) -> urllib.parse.SplitResult:
@@ -76,39 +71,16 @@ def _check_cluster_url(url: str) -> urllib.parse.SplitResult:
 
 
 def _policy(settings: RedisSettings, client_name: str | None) -> dict[str, Any]:
-    """The lease's client policy: short per-request timeouts, no retries, bytes replies."""
-    policy: dict[str, Any] = {
-        "socket_timeout": settings.request_timeout_s,
-        "socket_connect_timeout": settings.request_timeout_s,
-        "retry": Retry(NoBackoff(), 0),
-        "health_check_interval": 0,
-        "client_name": client_name,
+    """The lease's client policy (connection.client_policy), TLS files and the password file's."""
+    policy = {
+        **client_policy(settings, client_name=client_name),
+        **tls_options(settings),
         "decode_responses": False,
-        "socket_keepalive": True,
-        "socket_keepalive_options": _keepalive_options(),
     }
-    for option, field in (
-        ("ssl_ca_certs", "tls_ca_file"),
-        ("ssl_certfile", "tls_cert_file"),
-        ("ssl_keyfile", "tls_key_file"),
-    ):
-        path = getattr(settings, field, None)  # TLS file settings, where RedisSettings has them
-        if path is not None:
-            policy[option] = str(path)
     password = settings.read_password()
     if password is not None:
         policy["password"] = password
     return policy
-
-
-def _without_password(parsed: urllib.parse.SplitResult) -> str:
-    # redis-py lets a password in the URL win over the keyword: drop the URL's when a file is used.
-    if parsed.password is None:
-        return urllib.parse.urlunsplit(parsed)
-    userinfo, _, hostport = parsed.netloc.rpartition("@")
-    user = userinfo.partition(":")[0]
-    netloc = f"{user}@{hostport}" if user else hostport
-    return urllib.parse.urlunsplit(parsed._replace(netloc=netloc))
 
 
 def make_cluster_client(settings: RedisSettings, *, client_name: str | None = None) -> RedisCluster:
@@ -120,9 +92,9 @@ def make_cluster_client(settings: RedisSettings, *, client_name: str | None = No
     master of its own slot.
     """
     settings.validate()
-    parsed = _check_cluster_url(settings.url)
+    _check_cluster_url(settings.url)
     policy = _policy(settings, client_name)
-    url = _without_password(parsed) if "password" in policy else settings.url
+    url = url_without_password(settings.url) if "password" in policy else settings.url
     try:
         client = RedisCluster.from_url(url, require_full_coverage=False, **policy)
     except (ValueError, redis.exceptions.RedisError) as exc:
@@ -137,10 +109,10 @@ def cluster_hub_client(settings: RedisSettings, *, client_name: str | None = Non
     carries every lock's announcements.
     """
     settings.validate()
-    parsed = _check_cluster_url(settings.url)
+    _check_cluster_url(settings.url)
     policy = _policy(settings, client_name)
     policy["retry_on_timeout"] = False
-    url = _without_password(parsed) if "password" in policy else settings.url
+    url = url_without_password(settings.url) if "password" in policy else settings.url
     client: redis.asyncio.Redis = redis.asyncio.Redis.from_url(url, **policy)
     return client
 

@@ -371,7 +371,8 @@ def redact_url(url: str) -> str:
     return f"{base}?{'&'.join(parts)}{fragment_sep}{fragment}"
 
 
-def _without_password(url: str) -> str:
+def url_without_password(url: str) -> str:
+    """`url` without its password (the user stays): for a password given separately."""
     parsed = urllib.parse.urlsplit(url)
     if parsed.password is None:
         return url
@@ -391,6 +392,36 @@ def _keepalive_options() -> dict[int, int]:
     return options
 
 
+def client_policy(settings: RedisSettings, *, client_name: str | None) -> dict[str, Any]:
+    """The keyword arguments every lease client gets, whatever the topology.
+
+    Per-request timeouts and no retries of redis-py's own: a retry loop or a blackholed
+    connection inside the client must not eat a lease's validity while the election believes
+    one request is in flight (the election retries). TCP keepalive finds a silently dead peer.
+    """
+    policy: dict[str, Any] = {
+        "socket_timeout": settings.request_timeout_s,
+        "socket_connect_timeout": settings.request_timeout_s,
+        "retry": Retry(NoBackoff(), 0),
+        "health_check_interval": 0,
+        "client_name": client_name,
+    }
+    if _scheme(settings.url) != "unix":
+        policy["socket_keepalive"] = True
+        policy["socket_keepalive_options"] = _keepalive_options()
+    return policy
+
+
+def tls_options(settings: RedisSettings) -> dict[str, Any]:
+    """redis-py's ssl_* arguments for the TLS files of the settings (none without)."""
+    files = (
+        ("ssl_ca_certs", settings.tls_ca_file),
+        ("ssl_certfile", settings.tls_cert_file),
+        ("ssl_keyfile", settings.tls_key_file),
+    )
+    return {option: str(path) for option, path in files if path is not None}
+
+
 def make_client(settings: RedisSettings, *, client_name: str | None = None) -> redis.asyncio.Redis:
     """A redis-py asyncio client for the lease: short timeouts, no retries, bytes responses.
 
@@ -398,25 +429,8 @@ def make_client(settings: RedisSettings, *, client_name: str | None = None) -> r
     (see sentinel.py); the sentinels get the same timeouts and no retries.
     """
     settings.validate()
-    policy: dict[str, Any] = {
-        "socket_timeout": settings.request_timeout_s,
-        "socket_connect_timeout": settings.request_timeout_s,
-        "retry": Retry(NoBackoff(), 0),
-        "retry_on_timeout": False,
-        "health_check_interval": 0,
-        "client_name": client_name,
-    }
-    if _scheme(settings.url) != "unix":
-        policy["socket_keepalive"] = True
-        policy["socket_keepalive_options"] = _keepalive_options()
-    tls: dict[str, Any] = {}
-    for option, path in (
-        ("ssl_ca_certs", settings.tls_ca_file),
-        ("ssl_certfile", settings.tls_cert_file),
-        ("ssl_keyfile", settings.tls_key_file),
-    ):
-        if path is not None:
-            tls[option] = str(path)
+    policy = {**client_policy(settings, client_name=client_name), "retry_on_timeout": False}
+    tls: dict[str, Any] = tls_options(settings)
     password = settings.read_password()
     if sentinel.is_sentinel_url(settings.url):
         target = sentinel.parse_sentinel_url(settings.url)
@@ -437,7 +451,7 @@ def make_client(settings: RedisSettings, *, client_name: str | None = None) -> r
     extra: dict[str, Any] = {}
     if password is not None:
         # redis-py lets a password in the URL win over the keyword: drop the URL's.
-        url = _without_password(url)
+        url = url_without_password(url)
         extra["password"] = password
     client: redis.asyncio.Redis = redis.asyncio.Redis.from_url(
         url, decode_responses=False, **policy, **tls, **extra
