@@ -22,7 +22,6 @@ keep-alive PING) is `PubSubLink`, in pubsub_link.py; this module keeps the subsc
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 from collections.abc import Coroutine
 from typing import Any
@@ -31,6 +30,7 @@ import redis.asyncio
 
 from elector.backend.pubsub_link import PubSubLink
 from elector.backend.redis_lease import _translate, parse_event_message
+from elector.backend.subscriptions import QueuedEvents
 from elector.lease import BackendErrorKind, LeaseBackendError, LeaseEvent
 
 logger = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ DEFAULT_ORPHAN_GRACE_S = 60.0
 RECONNECT_COOLDOWN_S = 0.5
 
 
-class HubSubscription:
+class HubSubscription(QueuedEvents):
     """One lock's announcements from the hub (a `LeaseEventSubscription`).
 
     Keep-alives are the hub's business; `next_event` only waits for its queue. Events that came
@@ -54,12 +54,9 @@ class HubSubscription:
     """
 
     def __init__(self, hub: EventHub, channel: str, *, queue_size: int) -> None:
+        super().__init__(maxlen=queue_size)
         self._hub = hub
         self.channel = channel
-        self._events: collections.deque[LeaseEvent] = collections.deque(maxlen=queue_size)
-        self._wakeup = asyncio.Event()
-        self._error: LeaseBackendError | None = None
-        self._closed = False
         #: Announcements dropped because the election did not read them in time.
         self.dropped = 0
 
@@ -72,26 +69,6 @@ class HubSubscription:
     def _fail(self, error: LeaseBackendError) -> None:
         self._error = error
         self._wakeup.set()
-
-    async def next_event(self, timeout_s: float) -> LeaseEvent | None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(0.0, timeout_s)
-        while True:
-            if self._events:
-                return self._events.popleft()
-            if self._error is not None:
-                raise LeaseBackendError(str(self._error), kind=self._error.kind)
-            if self._closed:
-                raise LeaseBackendError("subscription: closed", kind=BackendErrorKind.CONNECTION)
-            remaining_s = deadline - loop.time()
-            if remaining_s <= 0:
-                return None
-            self._wakeup.clear()
-            try:
-                async with asyncio.timeout(remaining_s):
-                    await self._wakeup.wait()
-            except TimeoutError:
-                pass
 
     async def close(self) -> None:
         if not self._closed:

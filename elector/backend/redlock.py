@@ -50,16 +50,15 @@ from typing import Any, TypeVar
 
 from elector.backend import scripts
 from elector.backend.redis_lease import RedisLeaseBackend
+from elector.backend.subscriptions import RedlockSubscription
 from elector.lease import (
     AcquireResult,
     BackendErrorKind,
     Candidate,
     Granted,
     Held,
-    Holder,
     Lease,
     LeaseBackendError,
-    LeaseEvent,
     LeaseEventSubscription,
     Lost,
     Observation,
@@ -85,8 +84,6 @@ CALL_SHARE = 0.95
 #: Random wait after a split vote: up to this many ms (at most a tenth of the ttl), doubling with
 #: each split vote in a row, up to half the ttl.
 DEFAULT_SPLIT_VOTE_BACKOFF_MS = 200
-#: Announcements remembered for de-duplication (every server publishes the same ones).
-DEDUPE_WINDOW = 256
 
 
 class RedlockLeaseBackend:
@@ -494,81 +491,3 @@ def _majority_remaining(remaining: list[int | None], majority: int) -> int | Non
         return 0
     ordered = sorted(remaining, key=lambda r: float("inf") if r is None else r, reverse=True)
     return ordered[majority - 1]
-
-
-class RedlockSubscription:
-    """The announcements of every server's subscription, merged and de-duplicated.
-
-    Every server of a majority publishes the same `acquired` / `released`, so each is handed out
-    once. The subscription holds while a majority of its parts live (every grant's and release's
-    majority shares a server with them, so none is missed); below that, `next_event` raises and
-    the election subscribes again.
-    """
-
-    def __init__(self, parts: Sequence[LeaseEventSubscription], *, majority: int, keepalive_s: float) -> None:
-        self._parts = list(parts)
-        self._majority = majority
-        self._live = len(self._parts)
-        self._events: collections.deque[LeaseEvent] = collections.deque(maxlen=64)
-        self._seen: collections.OrderedDict[tuple[str, Holder], None] = collections.OrderedDict()
-        self._wakeup = asyncio.Event()
-        self._error: LeaseBackendError | None = None
-        self._closed = False
-        loop = asyncio.get_running_loop()
-        self._readers = [
-            loop.create_task(self._read(part, keepalive_s), name="elector:redlock:announcements")
-            for part in self._parts
-        ]
-
-    async def _read(self, part: LeaseEventSubscription, keepalive_s: float) -> None:
-        try:
-            while True:
-                event = await part.next_event(timeout_s=keepalive_s)
-                if event is not None:
-                    self._deliver(event)
-        except LeaseBackendError as exc:
-            self._live -= 1
-            if self._live < self._majority and self._error is None:
-                self._error = exc
-                self._wakeup.set()
-
-    def _deliver(self, event: LeaseEvent) -> None:
-        key = (event.kind.value, event.holder)
-        if key in self._seen:
-            return
-        self._seen[key] = None
-        if len(self._seen) > DEDUPE_WINDOW:
-            self._seen.popitem(last=False)
-        self._events.append(event)
-        self._wakeup.set()
-
-    async def next_event(self, timeout_s: float) -> LeaseEvent | None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(0.0, timeout_s)
-        while True:
-            if self._events:
-                return self._events.popleft()
-            if self._error is not None:
-                raise LeaseBackendError(str(self._error), kind=self._error.kind)
-            if self._closed:
-                raise LeaseBackendError("subscription: closed", kind=BackendErrorKind.CONNECTION)
-            remaining_s = deadline - loop.time()
-            if remaining_s <= 0:
-                return None
-            self._wakeup.clear()
-            try:
-                async with asyncio.timeout(remaining_s):
-                    await self._wakeup.wait()
-            except TimeoutError:
-                pass
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._wakeup.set()
-        for reader in self._readers:
-            reader.cancel()
-        await asyncio.gather(*self._readers, return_exceptions=True)
-        for part in self._parts:
-            await part.close()
