@@ -216,6 +216,15 @@ class OutcomeLogger:
         self._last_holder: tuple[Holder | None] | None = None
 
     def __call__(self, outcome: CycleOutcome) -> None:
+        if outcome.token_regressed_from is not None:
+            token = None if outcome.holder is None else outcome.holder.fencing_token
+            self._log.error(
+                "fencing_token_regressed",
+                fencing_token=token,
+                highest_seen=outcome.token_regressed_from,
+                hint="a grant got a lower token than an earlier one: a Redis server's clock is "
+                "behind (see docs/fencing.md); fenced writes of the new leader will be rejected",
+            )
         self._track_backend(outcome)
         self._track_foreign_value(outcome)
         self._track_quiet_period(outcome)
@@ -287,6 +296,13 @@ class OutcomeLogger:
             self._log.info("released", **_optional(reason=reason))
         elif outcome.kind is OutcomeKind.RELEASE_FAILED:
             self._log.warning("release_failed", **_optional(reason=reason, error=outcome.error))
+        elif outcome.kind is OutcomeKind.RELEASE_WITHHELD:
+            self._log.error(
+                "release_withheld",
+                error=outcome.error,
+                lapses_in_ms=outcome.remaining_ms,
+                **_optional(reason=reason),
+            )
         else:
             # RENEW_LOST always says who (or that nobody) holds the lock now; others only if known.
             known = outcome.holder is not None or outcome.kind is OutcomeKind.RENEW_LOST

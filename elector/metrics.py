@@ -179,6 +179,21 @@ class MetricFamilies:
             ["lock", "kind"],
             registry=None,
         )
+        self.releases_withheld = Counter(
+            "elector_release_withheld_total",
+            "Step-downs whose leader work could not be stopped (the command survived SIGKILL, a "
+            "library body outlived stop_work_s, the stop path raised): the lease was not released "
+            "but left to lapse by its ttl.",
+            ["lock"],
+            registry=None,
+        )
+        self.token_regressions = Counter(
+            "elector_fencing_token_regressions_total",
+            "Times this process saw a holder's fencing token lower than one it had seen before "
+            "(a Redis server's clock behind after the counter was lost; see docs/fencing.md).",
+            ["lock"],
+            registry=None,
+        )
         self.renew_duration = Histogram(
             "elector_renew_duration_seconds",
             "Round trip of renew requests, seconds (failed ones included when they completed).",
@@ -193,6 +208,8 @@ class MetricFamilies:
             self.acquire_attempts,
             self.renewals,
             self.redis_errors,
+            self.releases_withheld,
+            self.token_regressions,
             self.renew_duration,
             self.status_collector,
         ]
@@ -232,6 +249,8 @@ class MetricFamilies:
             self.renewals.labels(lock, result)
         for error_kind in _ERROR_KINDS:
             self.redis_errors.labels(lock, error_kind)
+        self.releases_withheld.labels(lock)
+        self.token_regressions.labels(lock)
         self.renew_duration.labels(lock)
         self.status_collector.add(lock, status)
 
@@ -250,6 +269,8 @@ class MetricFamilies:
             self.renewals.remove(lock, result)
         for error_kind in self._error_kinds_seen.pop(lock, set()) | set(_ERROR_KINDS):
             self.redis_errors.remove(lock, error_kind)
+        self.releases_withheld.remove(lock)
+        self.token_regressions.remove(lock)
         self.renew_duration.remove(lock)
 
 
@@ -277,6 +298,8 @@ class ElectionMetrics:
         self._acquires = {k: families.acquire_attempts.labels(lock, v) for k, v in _ACQUIRE_RESULTS.items()}
         self._renewals = {k: families.renewals.labels(lock, v) for k, v in _RENEW_RESULTS.items()}
         self._renew_duration = families.renew_duration.labels(lock)
+        self._withheld = families.releases_withheld.labels(lock)
+        self._token_regressions = families.token_regressions.labels(lock)
 
     def observe(self, outcome: CycleOutcome) -> None:
         """Count one cycle's outcome (an `ElectionHooks.on_outcome` hook)."""
@@ -294,6 +317,10 @@ class ElectionMetrics:
             renewal.inc()
             if outcome.duration_s is not None:
                 self._renew_duration.observe(outcome.duration_s)
+        if kind is OutcomeKind.RELEASE_WITHHELD:
+            self._withheld.inc()
+        if outcome.token_regressed_from is not None:
+            self._token_regressions.inc()
         error_kind = outcome.error_kind
         if kind in _FAILED_REQUESTS or (kind is OutcomeKind.RELEASE_FAILED and error_kind):
             self.families.count_error(self.lock, _error_kind(outcome))

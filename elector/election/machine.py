@@ -19,6 +19,16 @@ send time is the conservative end. A leader believes it leads until
 `send time of its last successful renewal + ttl - safety margin` and steps down at the renew
 deadline, which comes earlier.
 
+Leader work that cannot be stopped: `on_stopped_leading` is awaited before every release. If it
+raises, the work may still be running, so the lease is NOT released: it is left to lapse on Redis
+by its ttl (outcome RELEASE_WITHHELD), and this replica does not contend again before it could
+have lapsed. A successor can then never start beside work that was not seen to stop.
+
+Fencing tokens only grow across grants. A holder seen with a token below the highest one this
+replica has seen (from Redis's replies, never from announcements, which anyone may publish) means
+the ordering broke (a server clock behind after the counter was lost): the cycle's outcome carries
+`token_regressed_from` so that it is logged and counted.
+
 Followers subscribe to the lock's announcements before their first try, then sleep until the
 holder's lease would run out (its PTTL plus a small jitter), a release announcement, or a re-check
 cap, whichever comes first: no fixed polling period.
@@ -29,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -120,6 +131,8 @@ class Election:
         self._backend_up = False
         self._failures_in_a_row = 0
         self._last_attempt_at: float | None = None
+        self._highest_token_seen = 0
+        self._token_regressed_from: int | None = None
 
         self._started = False
         self._cycle_due_by: float | None = None
@@ -283,6 +296,7 @@ class Election:
 
         if isinstance(result, Granted):
             lease = result.lease
+            self._check_token(lease.fencing_token)
             self._lease = lease
             self._last_renew_sent_at = sent
             self._valid_until = sent + self._timing.validity_s
@@ -290,6 +304,7 @@ class Election:
             self._led_since = sent
             self._rival_seen_since = None
             self._observe_holder(lease.holder, expires_at=sent + self._timing.ttl_s)
+            valid_until = self._valid_until
             await self._call_hook("on_started_leading", self._hooks.on_started_leading(lease))
             return CycleOutcome(
                 kind=OutcomeKind.ACQUIRED,
@@ -297,8 +312,9 @@ class Election:
                 at=sent,
                 duration_s=received - sent,
                 holder=lease.holder,
-                remaining_ms=_ms(self._valid_until - received),
+                remaining_ms=_ms(valid_until - received),
                 next_cycle_at=self._next_renewal(sent, first=True),
+                valid_until=valid_until,
             )
 
         cap = received + self._timing.ttl_s
@@ -307,6 +323,8 @@ class Election:
             # send + PTTL, and waking then (not later) is what makes a takeover prompt. Waking a
             # little early only costs one more look, and never less than a millisecond apart.
             expires_at = None if result.remaining_ms is None else sent + max(result.remaining_ms, 1) / 1000
+            if result.holder is not None:
+                self._check_token(result.holder.fencing_token)
             self._observe_holder(result.holder, expires_at=expires_at)
             wake = cap if expires_at is None else min(cap, expires_at + self._jitter())
             return CycleOutcome(
@@ -386,6 +404,8 @@ class Election:
         if isinstance(result, Lost):
             await self._begin_step_down(StepDownReason.LOST, release=False)
             expires_at = None if result.remaining_ms is None else received + result.remaining_ms / 1000
+            if result.holder is not None:
+                self._check_token(result.holder.fencing_token)
             self._observe_holder(result.holder, expires_at=expires_at)
             return self._stepped_down(
                 OutcomeKind.RENEW_LOST,
@@ -415,6 +435,7 @@ class Election:
             holder=self._lease.holder,
             remaining_ms=_ms(self._valid_until - received),
             next_cycle_at=self._next_renewal(sent),
+            valid_until=self._valid_until,
         )
 
     def _should_yield(
@@ -427,7 +448,9 @@ class Election:
             # the requested window and let a third candidate in.
             self._pending_handoff_to = handoff.to_identity
             return StepDownReason.HANDOFF
-        if rival is None or rival.priority <= self._priority:
+        # A rival must be alive now: one that registered and died still has an entry for 3 ttl,
+        # and handing over to it would leave the lock without a leader.
+        if rival is None or rival.priority <= self._priority or rival.last_seen_ms_ago > self._timing.ttl_ms:
             self._rival_seen_since = None
             return None
         if self._rival_seen_since is None:
@@ -439,17 +462,52 @@ class Election:
         return None
 
     async def _begin_step_down(self, reason: StepDownReason, *, release: bool) -> None:
-        """Stop leader work first (the lease is still ours meanwhile), then drop the lease."""
+        """Stop leader work first (the lease is still ours meanwhile), then drop the lease.
+
+        When the work could not be stopped (the hook raised), nothing is released: see the module doc.
+        """
         lease = self._lease
         self._state = State.STEPPING_DOWN
-        await self._call_hook("on_stopped_leading", self._hooks.on_stopped_leading(reason))
+        stopped, error = await self._stop_leader_work(reason)
         self._lease = None
         self._valid_until = 0.0
+        if not stopped:
+            # The old lease lapses on Redis no later than its last renewal's send time + ttl.
+            lapse_at = self._last_renew_sent_at + self._timing.ttl_s
+            self._contend_not_before = max(self._contend_not_before, lapse_at)
+            self._pending_handoff_to = None
+            self._state = State.STOPPED if reason is StepDownReason.SHUTDOWN else State.FOLLOWER
+            now = self._clock()
+            self._emit(
+                CycleOutcome(
+                    kind=OutcomeKind.RELEASE_WITHHELD,
+                    state=self._state,
+                    at=now,
+                    holder=None if lease is None else lease.holder,
+                    remaining_ms=_ms(lapse_at - now),
+                    step_down_reason=reason if reason in _REQUESTED_STEP_DOWNS else None,
+                    error=f"leader work did not stop ({error}); the lease is left to lapse by its ttl",
+                )
+            )
+            return
         if release and lease is not None:
             self._pending_release = lease
             self._pending_release_reason = reason
         else:
             self._state = State.FOLLOWER
+
+    async def _stop_leader_work(self, reason: StepDownReason) -> tuple[bool, str]:
+        """Await `on_stopped_leading`; (False, why) when it raised."""
+        try:
+            await self._hooks.on_stopped_leading(reason)
+        except Exception as exc:
+            logger.error(
+                "on_stopped_leading failed: leader work may still run; not releasing the lease",
+                exc_info=True,
+                extra={"lock": self.lock},
+            )
+            return False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return True, ""
 
     def _stepped_down(
         self,
@@ -580,7 +638,17 @@ class Election:
             except Exception:
                 logger.exception("on_new_leader hook failed", extra={"lock": self.lock})
 
+    def _check_token(self, token: int) -> None:
+        """Remember the highest fencing token Redis showed us; note one that went backwards."""
+        if token < self._highest_token_seen:
+            self._token_regressed_from = self._highest_token_seen
+        else:
+            self._highest_token_seen = token
+
     def _emit(self, outcome: CycleOutcome) -> None:
+        if self._token_regressed_from is not None:
+            outcome = dataclasses.replace(outcome, token_regressed_from=self._token_regressed_from)
+            self._token_regressed_from = None
         try:
             self._hooks.on_outcome(outcome)
         except Exception:
@@ -642,7 +710,13 @@ class Election:
         return run_now
 
     async def _listen(self) -> None:
-        """Keep a subscription to the lock's announcements for as long as the election runs."""
+        """Keep a subscription to the lock's announcements for as long as the election runs.
+
+        Every new subscription makes a follower look at the lock once (it may have missed a
+        release), so a link that breaks right after each subscribe (an idle-timeout proxy) must
+        not turn into a request loop: the back-off keeps growing until a subscription has stayed
+        up for `_stable_subscription_s`.
+        """
         failures = 0
         while True:
             try:
@@ -651,13 +725,13 @@ class Election:
             except (LeaseBackendError, TimeoutError) as exc:
                 failures += 1
                 logger.debug("cannot subscribe to announcements: %s", _describe(exc))
-                await asyncio.sleep(min(30.0, 0.2 * 2 ** min(failures, 8)) * self._rng.uniform(0.5, 1))
+                await asyncio.sleep(self._resubscribe_delay_s(failures))
                 continue
             if failures or self._subscribed.is_set():
                 self._resubscribed = True
                 self._wakeup.set()
-            failures = 0
             self._subscribed.set()
+            subscribed_at = self._clock()
             try:
                 while True:
                     event = await subscription.next_event(timeout_s=self._keepalive_s)
@@ -666,14 +740,23 @@ class Election:
                         self._wakeup.set()
             except LeaseBackendError as exc:
                 logger.debug("announcement subscription broke: %s", exc)
-                failures += 1
             except Exception:
                 # A bug or hostile data must not silently end the subscription for good.
                 logger.exception("announcement listener failed; re-subscribing")
-                failures += 1
             finally:
                 await subscription.close()
-            await asyncio.sleep(min(30.0, 0.2 * 2 ** min(failures, 8)) * self._rng.uniform(0.5, 1))
+            stable = self._clock() - subscribed_at >= self._stable_subscription_s
+            failures = 1 if stable else failures + 1
+            await asyncio.sleep(self._resubscribe_delay_s(failures))
+
+    @property
+    def _stable_subscription_s(self) -> float:
+        """How long a subscription must have lasted for its break to count as a first failure."""
+        return max(5.0, self._timing.ttl_s)
+
+    def _resubscribe_delay_s(self, failures: int) -> float:
+        delay_s: float = min(30.0, 0.2 * 2 ** min(failures, 8)) * self._rng.uniform(0.5, 1)
+        return delay_s
 
 
 #: Step-downs asked for from outside a cycle; their outcome is the release that completes them.

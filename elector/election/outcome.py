@@ -51,6 +51,9 @@ class OutcomeKind(enum.StrEnum):
     STEPPED_DOWN = "stepped_down"  # a step-down without a request (expired validity, announcement)
     RELEASED = "released"  # the lease was deleted (on shutdown, or after a deadline step-down)
     RELEASE_FAILED = "release_failed"  # could not release; the lease will expire by its ttl
+    #: Leader work could not be stopped (the stop hook raised): the lease is NOT released but left
+    #: to lapse by its ttl, so that no successor starts while the old work may still run.
+    RELEASE_WITHHELD = "release_withheld"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -60,7 +63,8 @@ class CycleOutcome:
     kind: OutcomeKind
     #: The state after this cycle.
     state: State
-    #: Clock time (monotonic seconds) when the request of this cycle was sent.
+    #: Clock time (the election's clock: CLOCK_BOOTTIME seconds in the daemon) when the request
+    #: of this cycle was sent.
     at: float
     #: Round trip of the request, seconds; None when no request completed.
     duration_s: float | None = None
@@ -77,6 +81,13 @@ class CycleOutcome:
     #: The failed request's BackendErrorKind value (connection, timeout, auth, data, server), for
     #: metrics: a data error (someone else's value at our key) needs a person, a timeout does not.
     error_kind: str | None = None
+    #: On ACQUIRED and RENEWED: the clock time at which this replica stops believing it leads
+    #: (the request's send time + validity). Watchdogs outside the election use it as a deadline.
+    valid_until: float | None = None
+    #: Set when this cycle saw a holder's fencing token LOWER than the highest one seen before:
+    #: that highest token. Tokens only grow unless a server's clock broke the ordering (see
+    #: docs/fencing.md); the fence would then reject the new leader's writes.
+    token_regressed_from: int | None = None
 
     @property
     def is_transition(self) -> bool:
@@ -85,6 +96,7 @@ class CycleOutcome:
             OutcomeKind.ACQUIRED,
             OutcomeKind.RELEASED,
             OutcomeKind.RELEASE_FAILED,
+            OutcomeKind.RELEASE_WITHHELD,
         )
 
 
