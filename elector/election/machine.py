@@ -474,7 +474,12 @@ class Election:
         if not stopped:
             # The old lease lapses on Redis no later than its last renewal's send time + ttl.
             lapse_at = self._last_renew_sent_at + self._timing.ttl_s
-            self._contend_not_before = max(self._contend_not_before, lapse_at)
+            stand_back_until = lapse_at
+            if reason in (StepDownReason.HANDOFF, StepDownReason.PREEMPTED):
+                # No release means no handoff key: stay out for the window the release would have
+                # opened, so that the intended successor gets the lapsed lease, not us again.
+                stand_back_until += self._timing.ttl_s
+            self._contend_not_before = max(self._contend_not_before, stand_back_until)
             self._pending_handoff_to = None
             self._state = State.STOPPED if reason is StepDownReason.SHUTDOWN else State.FOLLOWER
             now = self._clock()

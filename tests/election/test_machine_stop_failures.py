@@ -42,7 +42,14 @@ class WorkThatWillNotStop(Exception):
 class Run:
     """One election with recorded outcomes and a stop hook that can be told to fail."""
 
-    def __init__(self, store: FakeStore, identity: str, *, clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        store: FakeStore,
+        identity: str,
+        *,
+        clock: Callable[[], float] | None = None,
+        priority: int = 0,
+    ) -> None:
         self.outcomes: list[CycleOutcome] = []
         self.stop_fails = False
         self.backend = FakeBackend(store)
@@ -58,6 +65,7 @@ class Run:
             hooks=ElectionHooks(on_outcome=self.outcomes.append, on_stopped_leading=stopped),
             rng=random.Random(3),
             clock=clock,
+            priority=priority,
         )
         self.task = asyncio.create_task(self.election.run(), name=identity)
 
@@ -256,3 +264,23 @@ def test_the_lease_clock_is_clock_boottime_on_linux() -> None:
     reading = boottime()
     after = time.clock_gettime(time.CLOCK_BOOTTIME)
     assert before <= reading <= after
+
+
+async def test_a_failed_stop_on_preemption_leaves_the_lapsed_lease_to_the_rival(store, runs) -> None:
+    a = Run(store, "a")
+    runs.append(a)
+    await asyncio.sleep(0.5)
+    a.stop_fails = True
+    b = Run(store, "b", priority=5)
+    runs.append(b)
+    await asyncio.sleep(2 * TTL_S)  # b seen for a ttl, a led for a ttl: a yields
+    withheld = a.first(OutcomeKind.RELEASE_WITHHELD)
+    preempted = next(o for o in a.outcomes if o.step_down_reason is StepDownReason.PREEMPTED)
+    a.stop_fails = False
+    await asyncio.sleep(3 * TTL_S)
+    grants = [(o.at, "a") for o in a.outcomes if o.kind is OutcomeKind.ACQUIRED][1:]
+    grants += [(o.at, "b") for o in b.outcomes if o.kind is OutcomeKind.ACQUIRED]
+    first_at, first_to = sorted(grants)[0]
+    assert first_to == "b"  # no handoff key without a release: a stood back for the rival
+    assert first_at >= preempted.at + (TTL_S - 1.0)  # only once the unreleased lease lapsed
+    assert withheld.at >= preempted.at
