@@ -16,45 +16,67 @@
 `Elector` runs the daemon's `Election` in a task of the program's loop. Like `asyncio.timeout()`,
 it cancels the task that entered `leadership()` when the term ends, and the block raises
 `LeadershipLost` instead (an outside cancellation still propagates). The release waits for the
-body, up to `stop_work_s` (part of the safety margin), so the lease is ours while it unwinds.
+body (and the `on_stopped_leading` callback), up to `stop_work_s` (part of the safety margin), so
+the lease is ours while it unwinds.
+
+The lease is never released while a body still runs. A body still unwinding after `stop_work_s`
+(a `finally` that awaits a slow cleanup, a coroutine that swallows the cancellation) makes the
+step-down withhold the release: the lease is left to lapse on Redis by its ttl, an error is
+logged, `Elector.releases_withheld` goes up by one (and `elector_release_withheld_total{lock}` on
+the `registry` passed in), and this process does not contend again before the lease could have
+lapsed. A successor is then granted the lease one ttl after the last renewal instead of at once.
+A body that runs on past even that is beyond what a lease can fence off in time: only the
+fencing token protects the resource then.
+
+Cancellation reaches coroutines only. Threads the body started (`asyncio.to_thread`,
+`run_in_executor`, a thread pool) and processes it spawned are NOT stopped by it and may keep
+writing after the term ended: stop them from the body's `finally` (the wait above covers that),
+and pass `lease.fencing_token` with every write they make, so that the resource rejects a write
+of an old term (see `elector.FencedStore` and docs/fencing.md).
+
 Callbacks, plain or async, run one at a time in order in their own task: a slow one never delays
 a renewal, and one that raises is logged.
+
+Time is counted on CLOCK_BOOTTIME (`elector.election.clock`), like the daemon: a suspended host
+resumes with its validity seen to have run out.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import inspect
 import logging
-import math
-import re
-import warnings
+import weakref
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
 import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
 
-from elector.backend import InvalidRedisSettingsError, RedisLeaseBackend, RedisSettings, make_client
+from elector.api_params import ElectorConfigError, build_timing, checked, is_number, redis_source
+from elector.backend import RedisLeaseBackend, make_client
 from elector.backend.sentinel_watch import SentinelMasterWatcher, default_poll_interval_s, watch_master
-from elector.config import SettingsError, default_identity, validate_identity, validate_lock_name
+from elector.config import default_identity, validate_identity, validate_lock_name
 from elector.election import (
     CycleOutcome,
     Election,
     ElectionHooks,
     ElectionStatus,
-    ElectionTiming,
-    InvalidTimingError,
+    OutcomeKind,
     State,
     StepDownReason,
 )
+from elector.election.clock import boottime
 from elector.lease import Holder, Lease
+from elector.metrics import ElectionMetrics, MetricFamilies
+
+__all__ = ["Elector", "ElectorConfigError", "LeaderWorkNotStopped", "Leadership", "LeadershipLost"]
 
 logger = logging.getLogger(__name__)
 
-#: Default time to stop leader work, as a share of the ttl (1 s for the default 10 s ttl).
-DEFAULT_STOP_WORK_SHARE = 0.1
+#: One set of metric families per registry (registering a second one fails), shared by its Electors.
+_REGISTRY_FAMILIES: weakref.WeakKeyDictionary[CollectorRegistry, MetricFamilies] = weakref.WeakKeyDictionary()
 
 OnStartedLeading = Callable[["Leadership"], Awaitable[None] | None]
 OnStoppedLeading = Callable[[StepDownReason], Awaitable[None] | None]
@@ -62,12 +84,8 @@ OnNewLeader = Callable[[str | None], Awaitable[None] | None]
 _Call = tuple[str, Callable[[], object], asyncio.Future[None]]
 
 
-class ElectorConfigError(ValueError):
-    """A parameter of `Elector` is invalid. `parameter` names it (several: comma-separated)."""
-
-    def __init__(self, parameter: str, message: str) -> None:
-        super().__init__(f"{parameter}: {message}")
-        self.parameter = parameter
+class LeaderWorkNotStopped(Exception):
+    """Leader work outlived `stop_work_s`: raised to the election, which withholds the release."""
 
 
 class LeadershipLost(Exception):
@@ -226,7 +244,12 @@ class Elector:
     `redis.asyncio.Redis`, never closed: turn its retries off (`retry=Retry(NoBackoff(), 0)`;
     warned about otherwise), keep `decode_responses=False`. Timings are checked like the daemon's;
     `stop_work_s` bounds how long a step-down waits for leader work to stop (default: a tenth of
-    the ttl, if the renew deadline leaves room). `identity` defaults to $POD_NAME or the host name.
+    the ttl, if the renew deadline leaves room); work still running then makes it withhold the
+    release (see the module doc). `identity` defaults to $POD_NAME or the host name. `registry`:
+    the daemon's metric families (elector_*{lock}, `elector_release_withheld_total` among them),
+    shared by every Elector given the same registry; a lock's series go at aclose(). Two running
+    Electors of one lock on one registry: start() raises ValueError. `releases_withheld` counts
+    withheld releases without Prometheus.
     """
 
     def __init__(
@@ -245,11 +268,12 @@ class Elector:
         on_started_leading: OnStartedLeading | None = None,
         on_stopped_leading: OnStoppedLeading | None = None,
         on_new_leader: OnNewLeader | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
-        self.lock = _checked("lock", validate_lock_name, lock)
+        self.lock = checked("lock", validate_lock_name, lock)
         identity = default_identity() if identity is None else identity
-        self.identity = _checked("identity", validate_identity, identity)
-        self.timing = _build_timing(
+        self.identity = checked("identity", validate_identity, identity)
+        self.timing = build_timing(
             ttl_s=ttl_s,
             renew_interval_s=renew_interval_s,
             renew_deadline_s=renew_deadline_s,
@@ -259,10 +283,19 @@ class Elector:
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ElectorConfigError("priority", f"must be an int, got {priority!r}")
         self._priority, self._key_prefix = priority, key_prefix
-        self._settings, self._client = _redis_source(redis, timing=self.timing, key_prefix=self._key_prefix)
+        self._settings, self._client = redis_source(redis, timing=self.timing, key_prefix=self._key_prefix)
         self._on_started_leading = on_started_leading
         self._on_stopped_leading = on_stopped_leading
         self._on_new_leader = on_new_leader
+        if registry is not None and not isinstance(registry, CollectorRegistry):
+            kind = type(registry).__name__
+            raise ElectorConfigError(
+                "registry", f"expected a prometheus_client.CollectorRegistry, got {kind}"
+            )
+        self._registry = registry
+        self._metrics: ElectionMetrics | None = None
+        #: Step-downs whose release was withheld because leader work had not stopped in time.
+        self.releases_withheld = 0
         self._election: Election | None = None
         self._task: asyncio.Task[None] | None = None
         self._master_watcher: SentinelMasterWatcher | None = None
@@ -289,6 +322,10 @@ class Elector:
         """Start contending in a task of the running loop."""
         if self._election is not None:
             raise RuntimeError(f"the Elector of lock {self.lock!r} was already started")
+        if self._registry is not None:
+            # First, so that nothing is left to close if it raises: ValueError when this lock's
+            # metrics are on the registry already (another running Elector of the lock).
+            self._metrics = ElectionMetrics(_families_of(self._registry), lock=self.lock, status=self.status)
         if self._settings is not None:
             self._client = make_client(self._settings, client_name=f"elector:{self.lock}:{self.identity}")
         assert self._client is not None
@@ -309,7 +346,13 @@ class Elector:
         )
         backend = RedisLeaseBackend(self._client, lock=self.lock, key_prefix=self._key_prefix)
         election = Election(
-            backend, identity=self.identity, timing=self.timing, hooks=hooks, priority=self._priority
+            backend,
+            identity=self.identity,
+            timing=self.timing,
+            hooks=hooks,
+            priority=self._priority,
+            # Validity counts suspended time too: Redis expires keys by wall time (see clock.py).
+            clock=boottime,
         )
         self._election = election
         self._callbacks = _CallbackRunner(lock=self.lock)
@@ -343,6 +386,8 @@ class Elector:
                 await self._master_watcher.aclose()
             if self._settings is not None and self._client is not None:
                 await self._client.aclose()
+            if self._metrics is not None:
+                self._metrics.close()
             self._closed.set()
 
     # -- observation and leadership ------------------------------------------------------------
@@ -374,7 +419,7 @@ class Elector:
         term is resigned (unless `resign_on_exit=False`, or other blocks still run in it): released,
         and no contending for `stand_back_s` (default: one ttl, so every follower gets its turn).
         """
-        if stand_back_s is not None and (not _is_number(stand_back_s) or stand_back_s < 0):
+        if stand_back_s is not None and (not is_number(stand_back_s) or stand_back_s < 0):
             raise ElectorConfigError("stand_back_s", f"must be a non-negative number, got {stand_back_s!r}")
         return _LeadershipScope(self, resign_on_exit=resign_on_exit, stand_back_s=stand_back_s)
 
@@ -396,6 +441,10 @@ class Elector:
     # -- election hooks (run in the election's task) -------------------------------------------
 
     def _outcome(self, outcome: CycleOutcome) -> None:
+        if outcome.kind is OutcomeKind.RELEASE_WITHHELD:
+            self.releases_withheld += 1
+        if self._metrics is not None:
+            self._metrics.observe(outcome)
         term = self._term
         if term is not None and not term.active and outcome.state not in (State.LEADER, State.STEPPING_DOWN):
             term._finished.set()
@@ -423,7 +472,8 @@ class Elector:
             return
         if not self._closing:
             self._term_started.clear()
-        waits = term._end(reason)
+        bodies = term._end(reason)
+        waits = list(bodies)
         if self._on_stopped_leading is not None:
             waits.append(self._callbacks.submit("on_stopped_leading", self._on_stopped_leading, reason))
         if not waits:
@@ -431,7 +481,17 @@ class Elector:
         # The lease is released only after this returns: give the work its stop_work_s to stop.
         _, pending = await asyncio.wait(waits, timeout=self.timing.stop_work_s)
         if pending:
-            logger.warning("leader work of lock %r did not stop within stop_work_s; releasing", self.lock)
+            late_bodies = sum(1 for body in bodies if body in pending)
+            late = (
+                f"{late_bodies} leadership() body(ies)" if late_bodies else "the on_stopped_leading callback"
+            )
+            # Raising makes the election withhold the release (it logs it, and emits an outcome
+            # RELEASE_WITHHELD): released now, the lease would let a successor start beside work
+            # that is still running.
+            raise LeaderWorkNotStopped(
+                f"{late} of lock {self.lock!r} still running {self.timing.stop_work_s:.3f}s "
+                "(stop_work_s) after the term ended; the lease is left to lapse by its ttl"
+            )
 
     def _election_ended(self, task: asyncio.Task[None]) -> None:
         self._term_started.set()  # wake the waiters: wait_for_leadership() raises from now on
@@ -439,75 +499,8 @@ class Elector:
             logger.error("the election of lock %r crashed", self.lock, exc_info=exc)
 
 
-def _checked(parameter: str, validate: Callable[[str], str], value: str) -> str:
-    try:
-        return validate(value)
-    except SettingsError as exc:
-        raise ElectorConfigError(parameter, str(exc).removeprefix(f"{exc.setting}: ")) from None
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _build_timing(
-    *,
-    ttl_s: float,
-    renew_interval_s: float | None,
-    renew_deadline_s: float | None,
-    request_timeout_s: float | None,
-    stop_work_s: float | None,
-) -> ElectionTiming:
-    """The daemon's timing rules, with errors naming this API's parameters."""
-    for name, value in dict(locals()).items():  # the parameters, by their names
-        if value is not None and not _is_number(value):
-            raise ElectorConfigError(name, f"must be a finite number of seconds, got {value!r}")
-    try:
-        timing = ElectionTiming.from_ttl(
-            ttl_s,
-            renew_interval_s=renew_interval_s,
-            renew_deadline_s=renew_deadline_s,
-            request_timeout_s=request_timeout_s,
-            stop_work_s=0.0 if stop_work_s is None else stop_work_s,
-        )
-        if stop_work_s is None:
-            # Whatever the deadline leaves of the margin, up to a tenth of the ttl.
-            room_s = max(0.0, timing.validity_s - timing.renew_deadline_s)
-            timing = dataclasses.replace(timing, stop_work_s=min(DEFAULT_STOP_WORK_SHARE * ttl_s, room_s))
-            timing.validate()
-    except InvalidTimingError as exc:
-        raise ElectorConfigError(", ".join(f"{name}_s" for name in exc.settings), str(exc)) from None
-    return timing
-
-
-def _redis_source(
-    redis: object, *, timing: ElectionTiming, key_prefix: str
-) -> tuple[RedisSettings | None, aioredis.Redis | None]:
-    """Settings to build our own client from a URL, or the user's client, checked."""
-    plain = isinstance(key_prefix, str) and key_prefix.isprintable() and re.fullmatch(r"[^{}\s]+", key_prefix)
-    if not plain:
-        raise ElectorConfigError("key_prefix", f"must be non-empty, without braces or blanks: {key_prefix!r}")
-    if isinstance(redis, str):
-        settings = RedisSettings(url=redis, request_timeout_s=timing.request_timeout_s, key_prefix=key_prefix)
-        try:
-            settings.validate()
-        except InvalidRedisSettingsError as exc:
-            raise ElectorConfigError("redis", str(exc)) from None
-        return settings, None
-    if not isinstance(redis, aioredis.Redis):
-        kind = type(redis).__name__
-        raise ElectorConfigError("redis", f"expected a URL or a redis.asyncio.Redis, got {kind}")
-    kwargs = redis.connection_pool.connection_kwargs
-    if kwargs.get("decode_responses"):
-        raise ElectorConfigError("redis", "the client must not decode responses (decode_responses=False)")
-    retry = kwargs.get("retry")
-    # Without a Retry object, redis-py retries once when asked to retry on some errors.
-    retries = retry.get_retries() if retry is not None else int(bool(kwargs.get("retry_on_error")))
-    if retries > 0:
-        warnings.warn(
-            f"the redis client retries failed requests ({retries} retries): a lease needs each "
-            "request to fail fast; pass retry=Retry(NoBackoff(), 0) or a URL",
-            RuntimeWarning,
-            stacklevel=4,
-        )
-    return None, redis
+def _families_of(registry: CollectorRegistry) -> MetricFamilies:
+    families = _REGISTRY_FAMILIES.get(registry)
+    if families is None:
+        families = _REGISTRY_FAMILIES[registry] = MetricFamilies(registry)
+    return families

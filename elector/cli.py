@@ -1,4 +1,4 @@
-"""The command line: `elector run`, `elector status`, `elector handoff`, `elector demo`.
+"""The command line: `elector run`, `status`, `handoff`, `demo`, `leader-file check`, `operator`.
 
 Every option of `run` can also be set by an `ELECTOR_*` environment variable (shown in --help).
 Invalid settings exit with code 2 and a message naming the setting.
@@ -12,18 +12,18 @@ import re
 import sys
 import urllib.parse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from elector import __version__
-from elector.config import (
-    SettingsError,
-    build_settings,
-    check_redis_url,
-    parse_duration,
-    validate_lock_name,
-)
+
+if TYPE_CHECKING:
+    from elector.config import SettingsError
+
+# elector.config and everything else of the daemon are imported inside the commands that need
+# them: they pull in redis, aiohttp and structlog (~0.5 s), which `elector leader-file check`, run
+# every second by a probe, must not pay for.
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -36,6 +36,8 @@ class Duration(click.ParamType):  # type: ignore[type-arg]
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         if isinstance(value, int | float):
             return float(value)
+        from elector.config import parse_duration
+
         try:
             return parse_duration(str(value))
         except ValueError as exc:
@@ -340,13 +342,13 @@ def run(
     2 invalid settings, 3 leadership lost with --exit-on-loss; with --on-child-exit exit, the
     command's own exit code.
     """
+    from elector.config import SettingsError, build_settings
+
     if not locks and locks_file is None:
         raise click.UsageError("invalid setting --lock: missing (give --lock NAME or set ELECTOR_LOCK)")
     context = click.get_current_context()
     if redlock_urls and context.get_parameter_source("redis_url") is not click.core.ParameterSource.DEFAULT:
-        raise _invalid(
-            SettingsError("--redlock-url", "replaces --redis-url: give the Redlock servers only")
-        )
+        raise _invalid(SettingsError("--redlock-url", "replaces --redis-url: give the Redlock servers only"))
     child_exit_source = context.get_parameter_source("on_child_exit")
     if not command and child_exit_source is not click.core.ParameterSource.DEFAULT:
         # A policy for a command that is not there is a misunderstanding, not a no-op.
@@ -409,6 +411,7 @@ def status(
     """
     import json
 
+    from elector.config import SettingsError, check_redis_url, validate_lock_name
     from elector.status import StatusError, read_status, watch_status
 
     try:
@@ -495,7 +498,7 @@ def handoff(
     Exit codes: 0 handed over within --timeout, 1 not handed over (no leader, unknown or
     current --to, timeout) or Redis unreachable, 2 invalid settings.
     """
-    from elector.config import validate_identity
+    from elector.config import SettingsError, check_redis_url, validate_identity, validate_lock_name
     from elector.handoff import MAX_WINDOW_S, HandoffError, run_handoff
 
     try:
@@ -529,6 +532,38 @@ def handoff(
         click.echo(f"error: {result.message}", err=True)
         sys.exit(1)
     click.echo(result.message)
+
+
+@cli.group("leader-file", context_settings=CONTEXT)
+def leader_file_group() -> None:
+    """Read the file `elector run --leader-file` keeps (from any container sharing its volume)."""
+
+
+@leader_file_group.command("check", context_settings=CONTEXT)
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+def leader_file_check(path: Path) -> None:
+    """Exit 0 only if PATH says this replica leads and its validity end is still ahead.
+
+    `is_leader: true` alone is not enough: a daemon killed by SIGKILL leaves it behind while
+    another replica leads. The file's `valid_until_ms` (wall clock) ends before the lease can
+    expire on Redis, so two replicas never pass this check at once. Cheap enough for an exec
+    probe every second.
+
+    Exit codes: 0 leading (one line on stdout), 1 not leading or its validity ended (the reason,
+    one line on stderr), 2 bad usage, or PATH unreadable or not a leader file.
+    """
+    # A few standard-library modules only: no redis, aiohttp or structlog to import.
+    from elector.leader_check import LeaderFileUnusable, check_leader_file
+
+    try:
+        verdict = check_leader_file(path)
+    except LeaderFileUnusable as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    if not verdict.leading:
+        click.echo(verdict.reason, err=True)
+        sys.exit(1)
+    click.echo(verdict.reason)
 
 
 @cli.command(

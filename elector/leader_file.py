@@ -4,12 +4,22 @@ A consumer that cannot call the HTTP endpoint (a batch job, a shell script, anot
 sharing an emptyDir) reads one small file instead:
 
     {"lock":"jobs","identity":"pod-a","is_leader":true,"fencing_token":1795296567927,
-     "holder":"pod-a","holder_fencing_token":1795296567927,"state":"leader",
-     "updated_at":"2026-01-01T12:00:00.123Z"}
+     "valid_until_ms":1767268803123,"holder":"pod-a","holder_fencing_token":1795296567927,
+     "state":"leader","updated_at":"2026-01-01T12:00:00.123Z"}
 
-followed by a newline. `fencing_token` is ours while leading, else null; `holder` and
-`holder_fencing_token` describe the holder as last observed (null when unknown or free);
-`updated_at` is the wall-clock time (RFC 3339, UTC) the content last changed.
+followed by a newline. `fencing_token` is ours while leading, else null; `valid_until_ms` is the
+wall-clock time (Unix epoch, milliseconds) at which this replica stops believing it leads unless a
+renewal extends it (null while not leading); `holder` and `holder_fencing_token` describe the
+holder as last observed (null when unknown or free); `updated_at` is the wall-clock time (RFC
+3339, UTC) the content last changed.
+
+`is_leader: true` alone is not enough to act on: a daemon killed by SIGKILL (or OOM-killed, or
+frozen) never writes "not leading", and its file would claim the lead while another replica holds
+the lease. Only `is_leader` AND `valid_until_ms` still in the future mean "leading now": that is
+what `elector.leader_check` (`elector leader-file check PATH`) tests. The validity end is before the
+lease can expire on Redis (it is the daemon's own validity, minus the safety margin), so a
+successor can never be granted the lease while the old file still passes the check. Both
+containers read the same node's wall clock; a wall-clock step on the node shifts the check.
 
 Design:
 
@@ -19,9 +29,11 @@ Design:
   `os.replace`. A reader sees the old file or the new one, never a partial one. Watchers see a
   new inode on every change (inotify: IN_MOVED_TO on the directory, not IN_MODIFY on the file).
   A symlink at PATH is replaced by the file itself, not followed.
-- Written on transitions, not on every cycle: a write whose content (all but `updated_at`)
-  equals the last one written is skipped while PATH is still that file, so callers may call
-  `write` after every cycle without wearing the disk or waking watchers.
+- Written on transitions and at every renewal (the validity end moves), not on every cycle: a
+  write whose content (all but `updated_at`) equals the last one written is skipped while PATH
+  is still that file, so callers may call `write` after every cycle. A leader therefore costs one
+  write (a thread hop, an fsync of the file and of its directory) per renewal per lock: every
+  3 s at the default 10 s ttl; on a memory-backed emptyDir (tmpfs) the fsyncs are free.
 - A failing disk never stops the election: `write` catches OSError, removes its temporary file,
   logs an error once per distinct error (not once per cycle) and returns False; the next call
   tries again. Leadership is decided by the lease, not by this file.
@@ -129,19 +141,26 @@ class LeaderFileWriter:
         holder: str | None,
         holder_fencing_token: int | None,
         state: str,
+        valid_until_ms: int | None = None,
     ) -> bool:
         """Make the file show this state. True when it does (written, or already so).
 
         False when the write failed (logged; the file keeps its previous content). ValueError
-        for a fencing token given while not leading: that is a bug in the caller.
+        for a fencing token or a validity end given while not leading, or a leader without a
+        validity end: that is a bug in the caller.
         """
-        if fencing_token is not None and not is_leader:
-            raise ValueError("fencing_token is ours only while leading: pass None when not leading")
+        if not is_leader and (fencing_token is not None or valid_until_ms is not None):
+            raise ValueError(
+                "fencing_token and valid_until_ms are ours only while leading: pass None when not leading"
+            )
+        if is_leader and valid_until_ms is None:
+            raise ValueError("a leader's file needs valid_until_ms, or a dead daemon's file would say leader")
         content: dict[str, object] = {
             "lock": self._lock_name,
             "identity": self._identity,
             "is_leader": is_leader,
             "fencing_token": fencing_token,
+            "valid_until_ms": valid_until_ms,
             "holder": holder,
             "holder_fencing_token": holder_fencing_token,
             "state": state,

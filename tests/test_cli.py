@@ -7,6 +7,7 @@ autouse fixture replaces `elector.app.run_daemon`, which the CLI imports at call
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import re
 import signal
@@ -489,3 +490,73 @@ print("no kopf")
     completed = _run([sys.executable, "-c", script])
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.rstrip().endswith("no kopf")
+
+
+# --- elector leader-file check --------------------------------------------------------------------
+
+
+def _leader_file(path: Path, **content: Any) -> Path:
+    path.write_text(json.dumps({"lock": "jobs", "identity": "pod-a", "state": "leader", **content}) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("content", "code", "stdout", "stderr"),
+    [
+        ({"is_leader": True, "fencing_token": 7, "valid_until_ms": "AHEAD"}, 0, "leading: lock 'jobs'", ""),
+        (
+            {"is_leader": True, "fencing_token": 7, "valid_until_ms": "PAST"},
+            1,
+            "",
+            "not leading: lock 'jobs': the",
+        ),
+        (
+            {"is_leader": False, "fencing_token": None, "valid_until_ms": None},
+            1,
+            "",
+            "not leading: lock 'jobs'",
+        ),
+        ({"is_leader": True, "fencing_token": 7}, 2, "", "error: "),  # an older elector's file
+        ({"is_leader": "true", "valid_until_ms": None}, 2, "", "error: "),
+    ],
+)
+def test_leader_file_check_exit_codes(
+    tmp_path: Path, content: dict[str, Any], code: int, stdout: str, stderr: str
+) -> None:
+    now_ms = round(time.time() * 1000)
+    moments = {"AHEAD": now_ms + 60_000, "PAST": now_ms - 1}
+    if isinstance(content.get("valid_until_ms"), str):
+        content = {**content, "valid_until_ms": moments[content["valid_until_ms"]]}
+    result = CliRunner().invoke(
+        cli, ["leader-file", "check", str(_leader_file(tmp_path / "l.json", **content))]
+    )
+    assert result.exit_code == code, result.output
+    assert result.stdout.startswith(stdout) and result.stderr.startswith(stderr)
+    assert (result.stdout + result.stderr).count("\n") == 1  # one line, whatever the verdict
+
+
+@pytest.mark.parametrize(
+    "args", [["leader-file", "check"], ["leader-file", "check", "a", "b"], ["leader-file", "probe"]]
+)
+def test_leader_file_check_bad_usage_or_unreadable_exits_2(tmp_path: Path, args: list[str]) -> None:
+    assert CliRunner().invoke(cli, args).exit_code == 2
+    for path in (tmp_path / "absent.json", tmp_path):
+        result = CliRunner().invoke(cli, ["leader-file", "check", str(path)])
+        assert result.exit_code == 2 and str(path) in result.stderr, result.output
+
+
+def test_leader_file_check_imports_none_of_the_daemons_heavy_modules(tmp_path: Path) -> None:
+    path = _leader_file(tmp_path / "l.json", is_leader=False, fencing_token=None, valid_until_ms=None)
+    script = f"""
+import sys
+from elector.cli import cli
+try:
+    cli(["leader-file", "check", {str(path)!r}], prog_name="elector")
+except SystemExit as exc:
+    assert exc.code == 1, exc.code
+heavy = ("redis", "aiohttp", "structlog", "prometheus_client", "elector.config", "elector.election")
+print(sorted(name for name in heavy if name in sys.modules))
+"""
+    completed = _run([sys.executable, "-c", script])
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.splitlines()[-1] == "[]"

@@ -13,14 +13,17 @@ from pathlib import Path
 
 import pytest
 
+from elector.leader_check import LeaderFileUnusable, check_leader_file
 from elector.leader_file import LeaderFileError, LeaderFileWriter, check_leader_file_path
 
 T = 1_795_296_567_927
 NOW_S = 1_767_268_800.123  # 2026-01-01T12:00:00.123Z
+VALID_UNTIL_MS = 1_767_268_803_123  # 3 s after NOW_S
 
 LEADING = {
     "is_leader": True,
     "fencing_token": T,
+    "valid_until_ms": VALID_UNTIL_MS,
     "holder": "pod-a",
     "holder_fencing_token": T,
     "state": "leader",
@@ -61,6 +64,7 @@ def test_content_mode_and_trailing_newline(path, logger) -> None:
         "identity": "pod-a",
         "is_leader": True,
         "fencing_token": T,
+        "valid_until_ms": VALID_UNTIL_MS,
         "holder": "pod-a",
         "holder_fencing_token": T,
         "state": "leader",
@@ -245,3 +249,78 @@ def test_check_refuses_a_read_only_directory(tmp_path) -> None:
 def test_check_refuses_a_directory_where_not_even_root_can_create_files() -> None:
     with pytest.raises(LeaderFileError, match="cannot create files in '/proc'"):
         check_leader_file_path(Path("/proc/leader.json"))
+
+
+def test_a_new_validity_end_is_news_and_is_written(path, logger) -> None:
+    writer = make_writer(path, logger)
+    assert writer.write(**LEADING)
+    before = path.stat()
+    assert writer.write(**{**LEADING, "valid_until_ms": VALID_UNTIL_MS + 900})  # a renewal
+    assert path.stat().st_ino != before.st_ino
+    assert json.loads(path.read_text())["valid_until_ms"] == VALID_UNTIL_MS + 900
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"valid_until_ms": None}, "needs valid_until_ms"),
+        ({"is_leader": False, "fencing_token": None}, "only while leading"),
+    ],
+)
+def test_a_leader_without_a_validity_end_or_a_follower_with_one_is_a_caller_bug(
+    path, logger, change: dict[str, object], problem: str
+) -> None:
+    with pytest.raises(ValueError, match=problem):
+        make_writer(path, logger).write(**{**LEADING, **change})
+    assert not path.exists()
+
+
+# --- check_leader_file: what `elector leader-file check` decides -------------------------------
+
+
+def test_check_says_leading_only_before_the_validity_end(path, logger) -> None:
+    make_writer(path, logger).write(**LEADING)
+    verdict = check_leader_file(path, wall_now_s=VALID_UNTIL_MS / 1000 - 0.5)
+    assert verdict.leading and "valid for 0.500s" in verdict.reason and str(T) in verdict.reason
+    for now_s in (VALID_UNTIL_MS / 1000, VALID_UNTIL_MS / 1000 + 60):
+        verdict = check_leader_file(path, wall_now_s=now_s)
+        assert not verdict.leading and "validity ended" in verdict.reason and "pod-a" in verdict.reason
+        assert "\n" not in verdict.reason
+
+
+def test_check_says_not_leading_for_a_follower_or_a_stopped_daemon(path, logger) -> None:
+    writer = make_writer(path, logger)
+    writer.write(**FOLLOWING)
+    verdict = check_leader_file(path, wall_now_s=NOW_S)
+    assert not verdict.leading and "'follower'" in verdict.reason and "pod-b" in verdict.reason
+    writer.mark_stopped()
+    verdict = check_leader_file(path, wall_now_s=NOW_S)
+    assert not verdict.leading and "'stopped'" in verdict.reason
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"", "not JSON"),
+        (b'{"is_leader": tru', "not JSON"),
+        (b"[true]", "not a JSON object"),
+        (b'{"is_leader": "yes", "valid_until_ms": null}', "is_leader is 'yes'"),
+        (b'{"is_leader": true, "fencing_token": 1}', "without valid_until_ms"),  # an older elector
+        (b'{"is_leader": true, "valid_until_ms": "soon"}', "not an integer"),
+        (b'{"is_leader": true, "valid_until_ms": true}', "not an integer"),
+        (b'{"is_leader": true, "valid_until_ms": 1.5e12}', "not an integer"),
+        (b'{"is_leader": true, "valid_until_ms": null}', "without valid_until_ms"),
+        (b" " * 70_000, "over 65536 bytes"),
+    ],
+)
+def test_check_refuses_what_is_not_a_leader_file(path, content: bytes, problem: str) -> None:
+    path.write_bytes(content)
+    with pytest.raises(LeaderFileUnusable, match=problem):
+        check_leader_file(path, wall_now_s=NOW_S)
+
+
+def test_check_refuses_a_missing_file_or_a_directory(tmp_path) -> None:
+    with pytest.raises(LeaderFileUnusable, match="no such file"):
+        check_leader_file(tmp_path / "absent.json")
+    with pytest.raises(LeaderFileUnusable, match="cannot read"):
+        check_leader_file(tmp_path)

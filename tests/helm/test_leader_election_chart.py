@@ -4,7 +4,12 @@ for priority, leader file, WAIT for replicas and Redis TLS, rendered by the real
 from __future__ import annotations
 
 import copy
+import json
+import os
 import shutil
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,7 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from helm_python.chart import Chart
-from helm_python.errors import HelmRenderError
+from helm_python.errors import HelmError, HelmRenderError
 
 from elector.kube.operator import resource
 
@@ -417,3 +422,85 @@ spec:
         ]
         for kube_version in KUBE_VERSIONS:
             kubernetes_validate.validate(by_name[name], kube_version, strict=True)
+
+
+# --- the example consumer of the leader file: `elector leader-file check` in a loop ---------------------
+
+CONSUMER = {
+    "elector": {"leaderFile": "/var/run/elector/leader.json"},
+    "workload": {"leaderFileConsumer": {"enabled": True}},
+}
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_the_leader_file_consumer_checks_the_file_it_mounts_read_only(
+    render: Render, kube_version: str
+) -> None:
+    docs = render(CONSUMER)
+    consumer, sidecar = container(docs, "leader-file-check"), container(docs, "elector")
+    assert consumer["image"] == sidecar["image"]  # elector's own image: it has the CLI
+    assert 'elector leader-file check "$ELECTOR_LEADER_FILE"' in consumer["args"][0]
+    assert env_of(consumer) == {
+        "ELECTOR_LEADER_FILE": "/var/run/elector/leader.json",
+        "CHECK_INTERVAL_SECONDS": "2",
+    }
+    assert consumer["volumeMounts"] == [
+        {"name": "elector-leader", "mountPath": "/var/run/elector", "readOnly": True}
+    ]
+    assert consumer["securityContext"]["readOnlyRootFilesystem"] is True
+    kubernetes_validate.validate(one(docs, "Deployment"), kube_version, strict=True)
+    assert "leader-file-check" not in [
+        c["name"] for c in pod_spec(render({"elector": CONSUMER["elector"]}))["containers"]
+    ]
+
+
+@pytest.mark.parametrize(
+    ("values", "problem"),
+    [
+        ({"workload": {"leaderFileConsumer": {"enabled": True}}}, "needs elector.leaderFile"),
+        (
+            {**CONSUMER, "workload": {"leaderFileConsumer": {"enabled": True, "intervalSeconds": 0}}},
+            "intervalSeconds",
+        ),
+        ({**CONSUMER, "workload": {"leaderFileConsumer": {"enabled": True, "every": 1}}}, "every"),
+    ],
+)
+def test_the_leader_file_consumer_refuses_what_cannot_work(
+    render: Render, values: dict[str, Any], problem: str
+) -> None:
+    with pytest.raises(HelmError, match=problem):  # a failed check, or the values schema
+        render(values)
+
+
+def test_the_rendered_consumer_loop_follows_the_files_validity(render: Render, tmp_path: Path) -> None:
+    """The container's own script, run by /bin/sh with this checkout's `elector` on PATH."""
+    consumer = container(render(CONSUMER), "leader-file-check")
+    path = tmp_path / "leader.json"
+    valid_until_ms = round((time.time() + 3.0) * 1000)
+    content = {
+        "lock": "jobs",
+        "identity": "pod-a",
+        "is_leader": True,
+        "fencing_token": 7,
+        "valid_until_ms": valid_until_ms,
+    }
+    path.write_text(json.dumps(content) + "\n")  # a sidecar that then died: never renewed
+    env = {
+        **os.environ,
+        **env_of(consumer),
+        "ELECTOR_LEADER_FILE": str(path),
+        "CHECK_INTERVAL_SECONDS": "1",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
+    process = subprocess.Popen(
+        [*consumer["command"], consumer["args"][0]], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        lines = [process.stdout.readline(), process.stdout.readline()]  # one line per change of role
+    finally:
+        process.kill()
+        process.wait()
+    assert lines[0].startswith("leading: lock 'jobs', fencing token 7"), lines
+    assert lines[1].startswith("not leading: lock 'jobs': the lease's validity ended"), lines
+    assert time.time() * 1000 >= valid_until_ms

@@ -123,6 +123,8 @@ def test_the_queries_use_the_metrics_they_are_meant_to() -> None:
         "elector_redis_up",
         "elector_acquire_attempts_total",
         "elector_renewals_total",
+        "elector_release_withheld_total",
+        "elector_fencing_token_regressions_total",
     }
     assert metric_names('rate(elector_renewals_total{result=~"elector_x"}[5m])') == {"elector_renewals_total"}
 

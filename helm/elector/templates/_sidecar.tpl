@@ -231,7 +231,7 @@ Secret files are 0444 because only the sidecar mounts these volumes and the pod 
 {{- if $e.leaderFile }}
 - name: elector-leader
   emptyDir:
-    # a few hundred bytes, rewritten on every change of role: memory, not the node's disk
+    # a few hundred bytes, rewritten at every change of role and every renewal: memory, not the node's disk
     medium: Memory
     sizeLimit: 1Mi
 {{- end }}

@@ -1,0 +1,104 @@
+"""The parameters of `elector.Elector`, checked with errors that name the parameter.
+
+The daemon's own rules (timings, lock names, identities, Redis URLs), re-worded for the library:
+`ElectorConfigError.parameter` is the keyword argument at fault, not a command-line flag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import warnings
+from collections.abc import Callable
+
+import redis.asyncio as aioredis
+
+from elector.backend import InvalidRedisSettingsError, RedisSettings
+from elector.config import SettingsError
+from elector.election import ElectionTiming, InvalidTimingError
+
+#: Default time to stop leader work, as a share of the ttl (1 s for the default 10 s ttl).
+DEFAULT_STOP_WORK_SHARE = 0.1
+
+
+class ElectorConfigError(ValueError):
+    """A parameter of `Elector` is invalid. `parameter` names it (several: comma-separated)."""
+
+    def __init__(self, parameter: str, message: str) -> None:
+        super().__init__(f"{parameter}: {message}")
+        self.parameter = parameter
+
+
+def checked(parameter: str, validate: Callable[[str], str], value: str) -> str:
+    try:
+        return validate(value)
+    except SettingsError as exc:
+        raise ElectorConfigError(parameter, str(exc).removeprefix(f"{exc.setting}: ")) from None
+
+
+def is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def build_timing(
+    *,
+    ttl_s: float,
+    renew_interval_s: float | None,
+    renew_deadline_s: float | None,
+    request_timeout_s: float | None,
+    stop_work_s: float | None,
+) -> ElectionTiming:
+    """The daemon's timing rules, with errors naming this API's parameters."""
+    for name, value in dict(locals()).items():  # the parameters, by their names
+        if value is not None and not is_number(value):
+            raise ElectorConfigError(name, f"must be a finite number of seconds, got {value!r}")
+    try:
+        timing = ElectionTiming.from_ttl(
+            ttl_s,
+            renew_interval_s=renew_interval_s,
+            renew_deadline_s=renew_deadline_s,
+            request_timeout_s=request_timeout_s,
+            stop_work_s=0.0 if stop_work_s is None else stop_work_s,
+        )
+        if stop_work_s is None:
+            # Whatever the deadline leaves of the margin, up to a tenth of the ttl.
+            room_s = max(0.0, timing.validity_s - timing.renew_deadline_s)
+            timing = dataclasses.replace(timing, stop_work_s=min(DEFAULT_STOP_WORK_SHARE * ttl_s, room_s))
+            timing.validate()
+    except InvalidTimingError as exc:
+        raise ElectorConfigError(", ".join(f"{name}_s" for name in exc.settings), str(exc)) from None
+    return timing
+
+
+def redis_source(
+    redis: object, *, timing: ElectionTiming, key_prefix: str
+) -> tuple[RedisSettings | None, aioredis.Redis | None]:
+    """Settings to build our own client from a URL, or the user's client, checked."""
+    plain = isinstance(key_prefix, str) and key_prefix.isprintable() and re.fullmatch(r"[^{}\s]+", key_prefix)
+    if not plain:
+        raise ElectorConfigError("key_prefix", f"must be non-empty, without braces or blanks: {key_prefix!r}")
+    if isinstance(redis, str):
+        settings = RedisSettings(url=redis, request_timeout_s=timing.request_timeout_s, key_prefix=key_prefix)
+        try:
+            settings.validate()
+        except InvalidRedisSettingsError as exc:
+            raise ElectorConfigError("redis", str(exc)) from None
+        return settings, None
+    if not isinstance(redis, aioredis.Redis):
+        kind = type(redis).__name__
+        raise ElectorConfigError("redis", f"expected a URL or a redis.asyncio.Redis, got {kind}")
+    kwargs = redis.connection_pool.connection_kwargs
+    if kwargs.get("decode_responses"):
+        raise ElectorConfigError("redis", "the client must not decode responses (decode_responses=False)")
+    retry = kwargs.get("retry")
+    # Without a Retry object, redis-py retries once when asked to retry on some errors.
+    retries = retry.get_retries() if retry is not None else int(bool(kwargs.get("retry_on_error")))
+    if retries > 0:
+        warnings.warn(
+            f"the redis client retries failed requests ({retries} retries): a lease needs each "
+            "request to fail fast; pass retry=Retry(NoBackoff(), 0) or a URL",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    return None, redis
