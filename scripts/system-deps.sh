@@ -22,13 +22,19 @@ tls_redis_ok() {
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 tls_redis_ok "${ELECTOR_REDIS_TLS_SERVER:-/usr/bin/redis-server}" || missing+=(redis-server)
+# The image tests (tests/image/test_image_run.py) build and run the Dockerfile with rootful podman
+# and runc (crun refuses this host's cgroups) on a debootstrap-made stand-in base image.
+for tool in podman:podman buildah:buildah runc:runc debootstrap:debootstrap newuidmap:uidmap \
+    fuse-overlayfs:fuse-overlayfs slirp4netns:slirp4netns; do
+    command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool#*:}")
+done
 if [[ ${#missing[@]} -eq 0 ]]; then
     exit 0
 fi
 if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
     say "error: missing system packages: ${missing[*]}. promtool (package prometheus) tests the
     Prometheus alerting rules; a redis-server built with TLS (Debian's redis-server) runs the TLS
-    tests. Install them, then run make test again:
+    tests; podman, runc and debootstrap build and run the container image. Install them, then run make test again:
     sudo apt-get install -y --no-install-recommends ${missing[*]}"
     exit 1
 fi

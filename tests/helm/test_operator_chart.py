@@ -27,6 +27,7 @@ EXPECTED_RULES = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
     {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
 ]
 
 
@@ -104,7 +105,7 @@ def test_no_rule_grants_more_than_the_operator_uses(chart: Chart) -> None:
                 assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
                 assert not {"delete", "deletecollection", "update", "create"} & set(rule["verbs"]) or rule[
                     "resources"
-                ] == ["events"]
+                ] in (["events"], ["leases"])
 
 
 def test_crd_is_a_valid_leader_election_definition(crd: dict[str, Any]) -> None:
@@ -132,6 +133,13 @@ SPECS_BOTH_ACCEPT = [
         "leaderLabel": "example.com/leader",
         "handoffWindowSeconds": 5,
         "handoffTimeoutSeconds": 20.5,
+        "kubernetesLease": {"enabled": True, "name": "jobs-leader.v1"},
+    },
+    {
+        "lock": "j",
+        "redis": {"url": "redis://r"},
+        "selector": {"matchLabels": {"a": "b"}},
+        "kubernetesLease": {"enabled": False},
     },
 ]
 SPECS_BOTH_REFUSE = [
@@ -148,6 +156,12 @@ SPECS_BOTH_REFUSE = [
         "lock": "j",
         "redis": {"url": "redis://r"},
         "selector": {"matchExpressions": [{"key": "a", "operator": "Near"}]},
+    },
+    {
+        "lock": "j",
+        "redis": {"url": "redis://r"},
+        "selector": {"matchLabels": {"a": "b"}},
+        "kubernetesLease": {"name": "Not_A_Name"},
     },
 ]
 

@@ -145,6 +145,8 @@ class KubeApi:
                 raise KubeApiError("not logged in to the Kubernetes API yet")
             session = self._session_for(info)
             headers = {"Content-Type": "application/merge-patch+json"} if method == "PATCH" else {}
+            if body is not None and method in ("POST", "PUT"):
+                headers = {"Content-Type": "application/json"}
             self._in_flight[session] = self._in_flight.get(session, 0) + 1
             try:
                 async with session.request(

@@ -65,6 +65,10 @@ class LeaderElectionSpec:
     leader_label: str
     handoff_window_s: float
     handoff_timeout_s: float
+    #: Keep a coordination.k8s.io Lease that mirrors the lock (lease_mirror.py).
+    kubernetes_lease: bool = True
+    #: That Lease's name; None: the LeaderElection's own name.
+    kubernetes_lease_name: str | None = None
 
 
 def is_label_key(text: str) -> bool:
@@ -167,7 +171,23 @@ def parse_spec(spec: Mapping[str, Any]) -> LeaderElectionSpec:
         leader_label=leader_label,
         handoff_window_s=_seconds(spec, "handoffWindowSeconds", default=10.0, maximum=_MAX_WINDOW_S),
         handoff_timeout_s=_seconds(spec, "handoffTimeoutSeconds", default=30.0, maximum=_MAX_WINDOW_S),
+        **_lease_mirror(spec.get("kubernetesLease")),
     )
+
+
+def _lease_mirror(value: Any) -> dict[str, Any]:
+    """spec.kubernetesLease: on by default, named after the LeaderElection unless `name` is given."""
+    if value is None:
+        value = {}
+    if not isinstance(value, Mapping):
+        raise SpecError("kubernetesLease", "must be an object with enabled and name")
+    enabled = value.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise SpecError("kubernetesLease.enabled", f"must be true or false, got {enabled!r}")
+    name = _str(value, "name", "kubernetesLease.name")
+    if name is not None and (len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name)):
+        raise SpecError("kubernetesLease.name", f"{name!r} is not a valid object name (a DNS subdomain)")
+    return {"kubernetes_lease": enabled, "kubernetes_lease_name": name}
 
 
 def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:

@@ -29,6 +29,7 @@ from elector.backend import (
 )
 from elector.kube.operator import handoff, reconcile, resource
 from elector.kube.operator.kubeapi import KubeApi, KubeApiError
+from elector.kube.operator.lease_mirror import LeaseMirror
 from elector.kube.operator.metrics import OperatorMetrics
 from elector.lease import Candidate, Holder, LeaseBackendError, LeaseEventSubscription
 
@@ -43,9 +44,12 @@ class WatchSettings:
     redis_timeout_s: float = 1.0
     #: Longest pause after a failure (Redis, the API, a bad spec).
     max_backoff_s: float = 5.0
+    #: Least time between two refreshes of a mirrored Lease (transitions are written at once).
+    lease_min_write_interval_s: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("poll_s", "pod_resync_s", "redis_timeout_s", "max_backoff_s"):
+        names = ("poll_s", "pod_resync_s", "redis_timeout_s", "max_backoff_s", "lease_min_write_interval_s")
+        for name in names:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
@@ -71,6 +75,7 @@ class ElectionWatcher:
         logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
         settings: WatchSettings,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._body = body
         meta = body.get("metadata") or {}
@@ -82,6 +87,9 @@ class ElectionWatcher:
         self._log = logger
         self._settings = settings
         self._clock = clock
+        self._wall_clock = wall_clock
+        #: The Lease mirroring the lock, for the spec being watched (None: the spec turned it off).
+        self._mirror: LeaseMirror | None = None
         status = dict(body.get("status") or {})
         self._status: dict[str, Any] = status
         self._holder = reconcile.holder_from_status(status)
@@ -178,6 +186,7 @@ class ElectionWatcher:
     async def _watch(self, spec: resource.LeaderElectionSpec, backend: RedisLeaseBackend) -> None:
         subscription: LeaseEventSubscription | None = None
         backoff_s = self._settings.poll_s
+        self._mirror = self._make_mirror(spec)
         try:
             while True:
                 try:
@@ -266,7 +275,23 @@ class ElectionWatcher:
             redis_error=None,
         )
         await self._write_status(status)
+        if self._mirror is not None:
+            await self._mirror.observe(holder, remaining_ms=observation.remaining_ms)
         return pods is not None or transition is None
+
+    def _make_mirror(self, spec: resource.LeaderElectionSpec) -> LeaseMirror | None:
+        if not spec.kubernetes_lease:
+            return None
+        return LeaseMirror(
+            api=self._api,
+            election=self._body,
+            lease_name=spec.kubernetes_lease_name or self._name,
+            logger=self._log,
+            on_error=lambda: self._metrics.error("kubernetes"),
+            min_write_interval_s=self._settings.lease_min_write_interval_s,
+            wall_clock=self._wall_clock,
+            clock=self._clock,
+        )
 
     async def _relabel(
         self, spec: resource.LeaderElectionSpec, holder: Holder | None
