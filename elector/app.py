@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal
+import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import prometheus_client
 import structlog
@@ -26,16 +29,22 @@ from elector.backend.sentinel_watch import default_poll_interval_s, watch_master
 from elector.backend.topology import LeaseConnections
 from elector.config import Settings
 from elector.election import CycleOutcome, Election, ElectionHooks, ElectionStatus, State, StepDownReason
-from elector.exec_mode import ExecMode
+from elector.election.clock import boottime
+from elector.exec_mode import ExecMode, keeper_margin_s
 from elector.http import HttpBindError, HttpServer, make_http_app
 from elector.leader_file import LeaderFileWriter
 from elector.lease import Lease, LeaseBackendError
 from elector.logs import OutcomeLogger, configure_logging, make_logger
 from elector.metrics import ElectionMetrics, MetricFamilies, register_process_metrics
 from elector.supervisor import ChildRegistry, OrphanReaper, become_subreaper
+from elector.testing_hooks import install_loop_block_hook
 
 #: How long a leadership hook waits for the leader file before going on without it, seconds.
 LEADER_FILE_HOOK_WAIT_S = 0.1
+#: Past a term's validity end, how long a step-down still waits for a leader file it could not
+#: update, seconds: the file's valid_until_ms was rounded down, this covers the wall clock being
+#: slewed by NTP against CLOCK_BOOTTIME meanwhile.
+LEADER_FILE_EXPIRY_SLACK_S = 0.05
 
 EXIT_OK = 0
 EXIT_FATAL = 1
@@ -53,6 +62,7 @@ class LockElection:
         families: MetricFamilies,
         on_started_leading: Callable[[Lease], Awaitable[None]] | None = None,
         on_stopped_leading: Callable[[StepDownReason], Awaitable[None]] | None = None,
+        on_outcome: Callable[[CycleOutcome], None] | None = None,
     ) -> None:
         settings = daemon.settings
         self._daemon = daemon
@@ -61,6 +71,9 @@ class LockElection:
         self._file_due = asyncio.Event()
         self._file_shown: tuple[object, ...] | None = None
         self._file_lock = asyncio.Lock()
+        #: The current term's validity end (election clock) and its wall-clock conversion, epoch ms.
+        self._valid_until: float | None = None
+        self._valid_until_ms: int | None = None
         backend = daemon.redis.backend_for(lock)
         # Named in the warning about a foreign value at the key (a Redlock lease has one per server).
         lease_key = backend.keys.lease if isinstance(backend, RedisLeaseBackend) else None
@@ -81,16 +94,23 @@ class LockElection:
                     OutcomeLogger(self.log, lease_key=lease_key),
                     self.metrics.observe,
                     self._on_outcome,
+                    *([] if on_outcome is None else [on_outcome]),
                     log=self.log,
                 ),
                 on_started_leading=self._on_started_leading,
                 on_stopped_leading=self._on_stopped_leading,
             ),
             priority=settings.priority,
+            # Validity counts suspended time too: Redis expires keys by wall time (see clock.py).
+            clock=boottime,
             # Locks started together would renew together forever: one burst of a thousand
             # requests every interval. A little early jitter spreads them out within minutes.
             renew_jitter_share=0.1 if len(settings.locks) > 1 else 0.0,
         )
+        if self.leader_file is not None:
+            # First thing, before Redis or HTTP: the file a killed predecessor left may still say
+            # "leader" (its validity end already tells readers not to trust it, but say so plainly).
+            self._write_leader_file()
 
     def status(self) -> ElectionStatus:
         return self.election.status()
@@ -104,27 +124,38 @@ class LockElection:
             "fencing_token": status.fencing_token,
         }
 
+    def _note_validity(self, valid_until: float) -> None:
+        """Remember a validity end (election clock) and its wall-clock time, converted now."""
+        self._valid_until = valid_until
+        wall_s = time.time() + (valid_until - self.election.status().now)
+        self._valid_until_ms = math.floor(wall_s * 1000)  # down: never claim a moment too many
+
     def _on_outcome(self, outcome: CycleOutcome) -> None:
         if self.leader_file is None:
             return
-        # Renewals change nothing the file shows: only wake the writer (a thread hop) on news.
+        if outcome.valid_until is not None:
+            self._note_validity(outcome.valid_until)
+        # Each renewal moves the validity end, so it is news: a thread hop and a write per renewal.
         status = self.election.status()
-        shown = (status.is_leader, status.fencing_token, status.holder, status.state)
+        shown = (status.is_leader, status.fencing_token, status.holder, status.state, self._valid_until_ms)
         if shown != self._file_shown:
             self._file_shown = shown
             self._file_due.set()
 
-    def _write_leader_file(self) -> None:
+    def _write_leader_file(self) -> bool:
         """Runs in a worker thread: a slow or hung volume must never hold up a renewal."""
         assert self.leader_file is not None
+        valid_until_ms = self._valid_until_ms  # read first: a step-down clears it before the state
         status = self.election.status()
         if status.state is State.STOPPED:
-            self.leader_file.mark_stopped()
-            return
+            return self.leader_file.mark_stopped()
         holder = status.holder
-        self.leader_file.write(
-            is_leader=status.is_leader,
-            fencing_token=status.fencing_token if status.is_leader else None,
+        # Without a validity end (a term whose start hook has not run yet) the file says follower.
+        is_leader = status.is_leader and valid_until_ms is not None
+        return self.leader_file.write(
+            is_leader=is_leader,
+            fencing_token=status.fencing_token if is_leader else None,
+            valid_until_ms=valid_until_ms if is_leader else None,
             holder=None if holder is None else holder.identity,
             holder_fencing_token=None if holder is None else holder.fencing_token,
             state=status.state.value,
@@ -134,40 +165,94 @@ class LockElection:
         while True:
             await self._file_due.wait()
             self._file_due.clear()
-            await self.flush_leader_file()
+            await self._flush_or_log()
 
-    async def flush_leader_file(self, *, timeout_s: float | None = None) -> None:
-        """Write the current state now (one write at a time); give up waiting after `timeout_s`."""
-        if self.leader_file is None:
-            return
+    async def _flush_or_log(self, *, timeout_s: float | None = None) -> None:
+        """A write outside a step-down: one that cannot even start is logged, never fatal."""
+        try:
+            await self.flush_leader_file(timeout_s=timeout_s)
+        except Exception as exc:
+            self.log.error("leader_file_write_failed", error=f"{type(exc).__name__}: {exc}")
 
-        async def write() -> None:
+    def _start_write(self) -> asyncio.Task[bool]:
+        """Write the current state in a thread, after the writes before it; True once shown."""
+
+        async def write() -> bool:
             async with self._file_lock:
-                await asyncio.to_thread(self._write_leader_file)
+                return await asyncio.to_thread(self._write_leader_file)
 
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
-                # Shielded: a write given up on still completes in its thread, in order.
-                await asyncio.shield(write())
+        task = asyncio.create_task(write(), name=f"leader-file-write:{self.election.lock}")
+        # A write given up on may fail later with nobody awaiting it: that is logged by the writer.
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        return task
+
+    async def flush_leader_file(self, *, timeout_s: float | None = None) -> bool:
+        """Write the current state now. True once the file shows it; False when the write failed
+        or is still under way after `timeout_s` (it then completes in its thread, in order).
+        Raises what the write raised (say, no thread could be started)."""
+        if self.leader_file is None:
+            return True
+        write = self._start_write()
+        # Not cancelled by a timeout or by our own cancellation: writes land whole and in order.
+        done, _ = await asyncio.wait([write], timeout=timeout_s)
+        return bool(done) and write.result()
 
     async def _on_started_leading(self, lease: Lease) -> None:
+        if self.leader_file is not None:
+            status = self.election.status()
+            if status.is_leader and status.lease_remaining_s is not None:
+                self._note_validity(status.now + status.lease_remaining_s)
         # Consumers of the file learn of the term before the command starts.
         await self.flush_leader_file(timeout_s=LEADER_FILE_HOOK_WAIT_S)
         if self._extra_started is not None:
             await self._extra_started(lease)
 
     async def _on_stopped_leading(self, reason: StepDownReason) -> None:
-        # ...and of its end before the command is stopped: nobody acts on a term being wound down.
-        await self.flush_leader_file(timeout_s=LEADER_FILE_HOOK_WAIT_S)
-        if self._extra_stopped is not None:
-            await self._extra_stopped(reason)
-        if self._daemon.settings.exit_on_loss and reason is not StepDownReason.SHUTDOWN:
-            self._daemon.request_exit(EXIT_LOST_LEADERSHIP, reason=f"leadership lost ({reason.value})")
+        """Stop the work whatever happens; raise if anything here failed, so that the election
+        withholds the release (the work, or a file saying "leader", may outlive it)."""
+        valid_until, self._valid_until, self._valid_until_ms = self._valid_until, None, None
+        write = None
+        try:
+            if self.leader_file is not None:
+                # Consumers learn of the end before the command is stopped: nobody acts on a term
+                # being wound down. The command's stop does not wait for a slow volume, though.
+                write = self._start_write()
+                await asyncio.wait([write], timeout=LEADER_FILE_HOOK_WAIT_S)
+        finally:
+            try:
+                if self._extra_stopped is not None:
+                    await self._extra_stopped(reason)
+            finally:
+                if self._daemon.settings.exit_on_loss and reason is not StepDownReason.SHUTDOWN:
+                    self._daemon.request_exit(
+                        EXIT_LOST_LEADERSHIP, reason=f"leadership lost ({reason.value})"
+                    )
+        if write is not None:
+            await self._until_file_says_not_leading(write, valid_until=valid_until)
+
+    async def _until_file_says_not_leading(
+        self, write: asyncio.Task[bool], *, valid_until: float | None
+    ) -> None:
+        """Return once no reader can take the file for a valid leader: it says "not leading", or
+        the validity end it shows has passed. Only then may a successor be granted the lease."""
+        if valid_until is None:
+            return  # the file never showed this term as leading
+        deadline = valid_until + LEADER_FILE_EXPIRY_SLACK_S
+        done, _ = await asyncio.wait([write], timeout=max(0.0, deadline - self.election.status().now))
+        if done and write.result():  # raises what the write raised: the release is then withheld
+            return
+        self.log.warning(
+            "leader_file_not_updated",
+            detail="the leader file may still say leader: the release waits for its validity end",
+            wait_ms=max(0, round((deadline - self.election.status().now) * 1000)),
+        )
+        # A write that failed (logged by the writer) leaves the old content: sit out its validity.
+        await asyncio.sleep(max(0.0, deadline - self.election.status().now))
 
     async def run(self) -> None:
         keeper = None
         if self.leader_file is not None:
-            await self.flush_leader_file()
+            await self.flush_leader_file()  # written in __init__ already: a retry if that failed
             keeper = asyncio.create_task(self._keep_leader_file(), name=f"leader-file:{self.election.lock}")
         try:
             await self.election.run()
@@ -176,7 +261,7 @@ class LockElection:
                 keeper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await keeper
-                await self.flush_leader_file(timeout_s=1.0)
+                await self._flush_or_log(timeout_s=1.0)
 
 
 class Daemon:
@@ -216,14 +301,20 @@ class Daemon:
         self.exec_mode: ExecMode | None = None
         # Shared by the command's supervisor and the orphan reaper: neither reaps the other's.
         self._children = ChildRegistry()
-        hooks: dict[str, Callable[..., Awaitable[None]]] = {}
+        hooks: dict[str, Any] = {}
         if settings.exec is not None:
             self.exec_mode = ExecMode(
-                settings.exec, log=self.log, request_exit=self._command_exit, children=self._children
+                settings.exec,
+                log=self.log,
+                request_exit=self._command_exit,
+                children=self._children,
+                # The command's keeper kills it by the lease's deadline even if this process dies.
+                keeper_margin_s=keeper_margin_s(settings.timing.stop_work_s),
             )
             hooks = {
                 "on_started_leading": self.exec_mode.on_started_leading,
                 "on_stopped_leading": self.exec_mode.on_stopped_leading,
+                "on_outcome": self.exec_mode.observe,  # renewals' validity ends, to the keeper
             }
         self.locks = [LockElection(self, lock=lock, families=families, **hooks) for lock in settings.locks]
         if self.exec_mode is not None:
@@ -288,6 +379,7 @@ class Daemon:
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_stop, sig.name)
+            install_loop_block_hook(loop, log=self.log)  # a fault-injection hook: off by default
         if self.exec_mode is not None or os.getpid() == 1:
             # Orphans of the command (a `sh -c` whose shell died) are re-parented to us, not to
             # init, so that they can be found, killed and reaped; as PID 1 we reap every orphan.

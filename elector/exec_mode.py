@@ -9,6 +9,17 @@ before the lease could expire on Redis, whatever ended the term.
 When the command exits by itself while we lead, `ChildExitPolicy` decides: release (resign and
 stand back for a back-off), restart (after a back-off, still leading), or exit the daemon with
 the command's code.
+
+The command runs under a keeper (elector/keeper.py) that kills it by the lease's deadline even
+when this daemon is SIGKILLed, frozen or its event loop stalls: `observe` (an outcome hook)
+passes every renewal's validity end on. Other safety rules:
+
+* A step-down whose reason means the lease may already be gone (`lost`, `lease_expired`) kills
+  the command at once, without the grace.
+* A step-down cancels a pending restart, even one whose start is under way; a restart never
+  spawns the command for a lease that is no longer current.
+* When the command could not be stopped (processes survived SIGKILL), `on_stopped_leading`
+  raises `CommandNotStopped`: the election then withholds the release and lets the lease lapse.
 """
 
 from __future__ import annotations
@@ -17,18 +28,45 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
 import structlog
 
 from elector.config import ChildExitPolicy, ExecSettings
-from elector.election import Election, StepDownReason
+from elector.election import CycleOutcome, ElectionStatus, StepDownReason
+from elector.keeper import KeeperLink
 from elector.lease import Lease
-from elector.supervisor import ChildExit, ChildRegistry, ChildStartError, ChildSupervisor
+from elector.supervisor import (
+    KILL_REAP_SLACK_S,
+    ChildExit,
+    ChildRegistry,
+    ChildStartError,
+    ChildSupervisor,
+)
 
 #: Exit code reported for a command that could not be started (as a shell does).
 EXIT_CANNOT_START = 127
 #: Environment variables of the daemon's own settings: never passed on (a URL may hold a password).
 _DAEMON_ENV_PREFIX = "ELECTOR_"
+#: Step-downs after which the lease may already belong to someone else: no grace for the command.
+LEASE_MAYBE_GONE = frozenset({StepDownReason.LOST, StepDownReason.LEASE_EXPIRED})
+
+
+class CommandNotStopped(Exception):
+    """Processes of the command survived SIGKILL: the lease must not be released (let it lapse)."""
+
+
+class LeaderElection(Protocol):
+    """What exec mode needs of the election (an `Election`)."""
+
+    def status(self) -> ElectionStatus: ...
+    def resign(self, *, stand_back_s: float) -> None: ...
+
+
+def keeper_margin_s(stop_work_s: float) -> float:
+    """How long after a validity end the keeper may let the command live: the stop time the
+    lease timing reserves (`ElectionTiming.stop_work_s`), less the time SIGKILL takes to reap."""
+    return max(0.0, stop_work_s - KILL_REAP_SLACK_S)
 
 
 class Backoff:
@@ -82,8 +120,12 @@ class ExecMode:
         log: structlog.stdlib.BoundLogger,
         request_exit: Callable[[int], None],
         children: ChildRegistry,
+        keeper_margin_s: float | None,
     ) -> None:
+        """`keeper_margin_s`: see `keeper_margin_s()`; None runs the command without a keeper
+        (then nothing stops it if this process dies or stalls)."""
         self._settings = settings
+        self._keeper_margin_s = keeper_margin_s
         self._log = log
         self._request_exit = request_exit
         self._supervisor = ChildSupervisor(
@@ -93,16 +135,23 @@ class ExecMode:
             children=children,
             logger=log,
         )
-        self._election: Election | None = None
+        self._election: LeaderElection | None = None
         self._lease: Lease | None = None
         self._backoff = Backoff()
         self._restart: asyncio.Task[None] | None = None
         self._exiting = False
-        # Start and stop never interleave: a restart that is spawning finishes before a stop.
+        # Two starts never interleave (a grant's and a restart's); a stop aborts either (see stop()).
         self._spawn_lock = asyncio.Lock()
 
-    def attach(self, election: Election) -> None:
+    def attach(self, election: LeaderElection) -> None:
+        """The election whose lease the command runs under. Its clock must be CLOCK_BOOTTIME
+        (`elector.election.clock.boottime`): the keeper compares validity ends with that clock."""
         self._election = election
+
+    def observe(self, outcome: CycleOutcome) -> None:
+        """An outcome hook: hands every renewal's validity end to the command's keeper."""
+        if outcome.valid_until is not None:
+            self._supervisor.extend_validity(outcome.valid_until)
 
     @property
     def child_pid(self) -> int | None:
@@ -113,14 +162,16 @@ class ExecMode:
         await self._start()
 
     async def on_stopped_leading(self, reason: StepDownReason) -> None:
-        self._lease = None
-        if self._restart is not None:
-            self._restart.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._restart
-            self._restart = None
-        async with self._spawn_lock:
-            ended = await self._supervisor.stop()
+        """Stop the command (and any restart); CommandNotStopped if some of it survived."""
+        self._lease = None  # from here on no start, restart or spawn goes ahead
+        restart, self._restart = self._restart, None
+        if restart is not None:
+            restart.cancel()
+        # Not under the spawn lock: a start under way is aborted (or its child stopped) by stop().
+        ended = await self._supervisor.stop(kill_now=reason in LEASE_MAYBE_GONE)
+        if restart is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await restart
         if ended is not None and ended.stopped_by_us:
             self._log.info(
                 "command_stopped",
@@ -129,6 +180,11 @@ class ExecMode:
                 exit_code=exit_code_of(ended),
                 runtime_s=round(ended.runtime_s, 3),
                 survivors=list(ended.survivors) or None,
+            )
+        if ended is not None and ended.survivors:
+            raise CommandNotStopped(
+                f"{len(ended.survivors)} process(es) of the command survived SIGKILL "
+                f"(pids {', '.join(map(str, ended.survivors))}); the lease is left to lapse"
             )
 
     async def close(self) -> None:
@@ -141,15 +197,44 @@ class ExecMode:
             if lease is None or self._exiting:
                 return
             try:
-                await self._supervisor.start(env=child_environment(lease), inherit_env=False)
+                started = await self._supervisor.start(
+                    env=child_environment(lease),
+                    inherit_env=False,
+                    keeper=self._keeper_for(lease),
+                    still_wanted=lambda: self._lease_current(lease),
+                )
             except ChildStartError as exc:
                 self._log.error("command_failed_to_start", error=str(exc))
-                started = False
             else:
-                self._log.info("command_started", pid=self._supervisor.pid, fencing_token=lease.fencing_token)
-                started = True
-        if not started:
-            self._after_exit(EXIT_CANNOT_START, runtime_s=0.0)
+                if started:
+                    self._log.info(
+                        "command_started", pid=self._supervisor.pid, fencing_token=lease.fencing_token
+                    )
+                else:
+                    self._log.info("command_start_abandoned", detail="the lease is no longer current")
+                return
+        self._after_exit(EXIT_CANNOT_START, runtime_s=0.0)
+
+    def _lease_current(self, lease: Lease) -> bool:
+        """Whether `lease` is still the one we lead under, and still valid."""
+        if self._lease is not lease or self._exiting:
+            return False
+        if self._election is None:
+            return True
+        status = self._election.status()
+        return status.is_leader and status.fencing_token == lease.fencing_token
+
+    def _keeper_for(self, lease: Lease) -> KeeperLink | None:
+        if self._keeper_margin_s is None or self._election is None:
+            return None
+        status = self._election.status()
+        if not status.is_leader or status.lease_remaining_s is None:
+            return None  # no validity to give it: still_wanted() refuses the spawn anyway
+        return KeeperLink(
+            valid_until=status.now + status.lease_remaining_s,
+            kill_grace_s=self._settings.kill_grace_s,
+            margin_s=self._keeper_margin_s,
+        )
 
     def _child_exited(self, child_exit: ChildExit) -> None:
         code = exit_code_of(child_exit)
@@ -180,6 +265,10 @@ class ExecMode:
         self._election.resign(stand_back_s=delay_s)
 
     async def _restart_after(self, delay_s: float) -> None:
+        # self._restart stays set until the start is done: a step-down must be able to cancel it.
         await asyncio.sleep(delay_s)
-        self._restart = None
-        await self._start()
+        try:
+            await self._start()
+        finally:
+            if self._restart is asyncio.current_task():
+                self._restart = None

@@ -16,6 +16,13 @@ So stopping is about the whole process tree, not the one pid we started:
 * `stop()` is bounded: after SIGKILL it waits at most `KILL_REAP_SLACK_S` more, so it returns
   within `stop_budget_s(kill_grace_s)` (plus scheduling noise). What is still alive then (a process
   stuck in uninterruptible sleep) is logged as an error and reported in `ChildExit.survivors`.
+  `stop(kill_now=True)` skips the grace (SIGKILL at once): for a lease that may already be gone.
+* A `stop()` while a `start()` is in flight wins: a start still cleaning up the last run's
+  leftovers does not spawn at all, and one already spawning is let finish and then stopped.
+* With a `KeeperLink` (exec mode) the child is the keeper (elector/keeper.py), which runs the
+  command in its own process group and kills it by the lease's deadline even if this process
+  dies or stalls; `extend_validity()` feeds it the renewals. The keeper is transparent here: it
+  ignores the group's SIGTERM and exits with the command's status.
 
 Reaping: asyncio waits for the child by pid (a thread per child in Python 3.11), so nothing here
 ever calls `waitpid(-1)`, which would steal the child's exit status. Orphans reparented to us are
@@ -36,62 +43,50 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import dataclasses
 import math
 import os
+import shutil
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
-from typing import Any, Protocol, Self
+from collections.abc import Callable, Mapping, Sequence
 
-import structlog
+from elector.keeper import KeeperLink
+from elector.proctree import (
+    HAVE_PROC,
+    ChildRegistry,
+    Proc,
+    SupervisorLogger,
+    all_procs,
+    become_subreaper,
+    default_logger,
+    read_proc,
+    reap,
+    send_signal,
+)
+from elector.reaper import OrphanReaper
+
+__all__ = [
+    "KILL_REAP_SLACK_S",
+    "ChildExit",
+    "ChildRegistry",
+    "ChildStartError",
+    "ChildSupervisor",
+    "OrphanReaper",
+    "SupervisorLogger",
+    "become_subreaper",
+    "stop_budget_s",
+]
 
 #: How long `stop()` waits after SIGKILL for the tree to be gone and the child reaped.
 KILL_REAP_SLACK_S = 0.1
 _POLL_S = 0.01  # how often stop() looks at /proc while waiting for the tree to go
-_PR_SET_CHILD_SUBREAPER = 36
-_PROC = Path("/proc")
-_HAVE_PROC = (_PROC / "self" / "stat").exists()
 
 
 def stop_budget_s(kill_grace_s: float) -> float:
     """The longest `stop()` takes with this grace: the daemon adds it to its lease safety margin."""
     return kill_grace_s + KILL_REAP_SLACK_S
-
-
-class SupervisorLogger(Protocol):
-    """The part of a structlog BoundLogger the supervisor uses."""
-
-    def info(self, event: str, *args: Any, **kw: Any) -> Any: ...
-    def warning(self, event: str, *args: Any, **kw: Any) -> Any: ...
-    def error(self, event: str, *args: Any, **kw: Any) -> Any: ...
-
-
-def _default_logger() -> SupervisorLogger:
-    logger: SupervisorLogger = structlog.stdlib.get_logger("elector.supervisor")
-    return logger
-
-
-def become_subreaper(*, logger: SupervisorLogger | None = None) -> bool:
-    """Make orphaned descendants reparent to this process (Linux); False, with a warning, elsewhere.
-
-    Permanent for the process (and not inherited by its children).
-    """
-    log = logger if logger is not None else _default_logger()
-    if not sys.platform.startswith("linux"):
-        log.warning("subreaper_unsupported", platform=sys.platform, effect="escaped daemons are not killed")
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    # prctl is variadic: pass unsigned longs so that no register holds garbage in its upper half.
-    args = (ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
-    if libc.prctl(_PR_SET_CHILD_SUBREAPER, *args) != 0:
-        log.warning("subreaper_failed", error=os.strerror(ctypes.get_errno()))
-        return False
-    return True
 
 
 class ChildStartError(Exception):
@@ -120,73 +115,6 @@ def _child_exit(pid: int, returncode: int | None, *, stopped_by_us: bool, runtim
     return ChildExit(pid, returncode, killed_by, stopped_by_us, runtime_s)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Proc:
-    """The fields of /proc/<pid>/stat the supervisor needs."""
-
-    pid: int
-    state: str
-    ppid: int
-    pgid: int
-    sid: int
-    start_ticks: int
-
-    @property
-    def alive(self) -> bool:
-        return self.state not in ("Z", "X", "x")
-
-
-def _read_proc(pid: int) -> _Proc | None:
-    try:
-        raw = (_PROC / str(pid) / "stat").read_bytes()
-        # The command name (field 2) may hold blanks and parentheses: split after the last ')'.
-        fields = raw[raw.rindex(b")") + 2 :].split()
-        return _Proc(pid, fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]))
-    except (OSError, ValueError, IndexError):  # gone meanwhile (ENOENT, ESRCH), or not Linux's format
-        return None
-
-
-def _all_procs() -> list[_Proc]:
-    try:
-        names = os.listdir(_PROC)
-    except OSError:
-        return []
-    return [proc for name in names if name.isdigit() and (proc := _read_proc(int(name))) is not None]
-
-
-class ChildRegistry:
-    """The children asyncio waits for on behalf of supervisors (no one else may reap them), and
-    how many spawns are in flight (whose pids are not known yet).
-
-    Reaping is process-wide, so a supervisor and an `OrphanReaper` of one process must share one
-    registry: pass the same object to both.
-    """
-
-    def __init__(self) -> None:
-        self.waited: set[int] = set()
-        self.spawning = 0
-
-
-def _send(pid: int, sig: int, *, group: bool = False) -> bool:
-    try:
-        if group:
-            os.killpg(pid, sig)
-        else:
-            os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):  # gone meanwhile; or not ours to signal
-        return False
-    return True
-
-
-def _reap(pid: int) -> int | None:
-    """Collect one zombie child by pid; its wait status, or None if it was not ours to collect."""
-    try:
-        found, status = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:  # reaped meanwhile by someone else
-        return None
-    return status if found else None
-
-
 @dataclasses.dataclass(eq=False, slots=True)
 class _Run:
     """One started child and what `stop()` needs to find its tree."""
@@ -197,7 +125,10 @@ class _Run:
     start_ticks: int
     #: Our children before the spawn: never part of this child's tree.
     foreign: frozenset[int]
+    keeper: KeeperLink | None = None
     exited: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    #: Set by stop(kill_now=True): skip (or cut short) the grace and SIGKILL at once.
+    hurry: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     watcher: asyncio.Task[None] | None = None
     ended_at: float | None = None
     stopping: bool = False
@@ -233,10 +164,15 @@ class ChildSupervisor:
         self.command = tuple(command)
         self.kill_grace_s = kill_grace_s
         self._on_exit = on_exit
-        self._log = logger if logger is not None else _default_logger()
+        self._log = logger if logger is not None else default_logger()
         self._run: _Run | None = None
-        #: Set while a start() is in flight, so that a stop() meanwhile also stops what it starts.
-        self._start_done: asyncio.Event | None = None
+        #: The start() in flight (it runs as a task of its own, so that a cancelled caller never
+        #: loses a spawned child); a stop() meanwhile waits for it and stops what it started.
+        self._starting: asyncio.Task[bool] | None = None
+        #: Set by a stop() during a start(): a start that has not spawned yet must not.
+        self._start_aborted = False
+        #: What the clean-up of an aborted start found: the stop() that aborted it reports it.
+        self._aborted_cleanup: ChildExit | None = None
         self._stopping: asyncio.Task[ChildExit] | None = None
 
     @property
@@ -248,53 +184,116 @@ class ChildSupervisor:
     def pid(self) -> int | None:
         return self._run.pid if self._run is not None and self.running else None
 
-    async def start(self, *, env: Mapping[str, str], inherit_env: bool = True) -> None:
+    async def start(
+        self,
+        *,
+        env: Mapping[str, str],
+        inherit_env: bool = True,
+        keeper: KeeperLink | None = None,
+        still_wanted: Callable[[], bool] | None = None,
+    ) -> bool:
         """Start the command with `env` merged over os.environ (or alone: `inherit_env=False`, for
         a caller that must hide some of ours); ChildStartError if it cannot run.
 
         After a natural exit, first cleans up the previous run's leftovers as `stop()` would (so
-        this may take up to `stop_budget_s(kill_grace_s)`). RuntimeError if the child is running.
+        this may take up to `stop_budget_s(kill_grace_s)`). Returns False, having started nothing,
+        when a `stop()` came meanwhile or `still_wanted()` (asked right before the spawn) says no.
+        With `keeper`, the command runs under the keeper (the link is closed when the run ends).
+        A cancelled caller does not cancel a spawn under way: the next `stop()` stops that child.
+        RuntimeError if the child is running.
         """
-        if self._start_done is not None or self.running:
+        if self._starting is not None or self.running:
             raise RuntimeError("the child is running (or starting): await stop() first")
-        self._start_done = done = asyncio.Event()
+        self._start_aborted = False
+        merged = {**os.environ, **env} if inherit_env else dict(env)
+        self._starting = starting = asyncio.create_task(
+            self._start(merged, keeper=keeper, still_wanted=still_wanted), name="elector-child-start"
+        )
         try:
+            return await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            self._start_aborted = True  # not spawned yet: never; spawning: stop() will end it
+            raise
+
+    async def _start(
+        self, env: Mapping[str, str], *, keeper: KeeperLink | None, still_wanted: Callable[[], bool] | None
+    ) -> bool:
+        try:
+            cleaned = None
             if self._run is not None:
                 # Leftovers of the last run must not overlap the new one, nor be taken for its tree.
-                await self._stop_run()
-            await self._spawn({**os.environ, **env} if inherit_env else dict(env))
+                cleaned = await self._stop_run()
+            if self._start_aborted or (still_wanted is not None and not still_wanted()):
+                self._aborted_cleanup = cleaned
+                if keeper is not None:
+                    keeper.close()
+                return False
+            await self._spawn(env, keeper=keeper)
+            return True
         finally:
-            self._start_done = None
-            done.set()
+            self._starting = None
 
-    async def _spawn(self, env: Mapping[str, str]) -> None:
+    def _check_runnable(self, env: Mapping[str, str]) -> None:
+        """Under a keeper the command is spawned later, by the keeper: refuse what cannot run now,
+        with the error a direct spawn would give."""
+        program = self.command[0]
+        if shutil.which(program, path=env.get("PATH", os.defpath)) is not None:
+            return
+        reason = (
+            "Permission denied"
+            if os.sep in program and os.path.exists(program)
+            else "No such file or directory"
+        )
+        raise ChildStartError(f"cannot start {program!r}: {reason}")
+
+    async def _spawn(self, env: Mapping[str, str], *, keeper: KeeperLink | None) -> None:
+        argv = self.command if keeper is None else tuple(keeper.argv(self.command))
         self._children.spawning += 1
         try:
+            if keeper is not None:
+                self._check_runnable(env)
             me = os.getpid()
-            foreign = frozenset(proc.pid for proc in _all_procs() if proc.ppid == me)
+            foreign = frozenset(proc.pid for proc in all_procs() if proc.ppid == me)
             started_at = time.monotonic()
             process = await asyncio.create_subprocess_exec(
-                *self.command,
+                *argv,
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,
+                pass_fds=() if keeper is None else (keeper.read_fd,),
             )
             self._children.waited.add(process.pid)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, ChildStartError) as exc:
+            if keeper is not None:
+                keeper.close()
+            if isinstance(exc, ChildStartError):
+                raise
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise ChildStartError(f"cannot start {self.command[0]!r}: {reason}") from exc
         finally:
             self._children.spawning -= 1
-        info = _read_proc(process.pid)
-        run = _Run(process, started_at, info.start_ticks if info is not None else 0, foreign)
+        if keeper is not None:
+            keeper.spawned()
+        info = read_proc(process.pid)
+        run = _Run(process, started_at, info.start_ticks if info is not None else 0, foreign, keeper=keeper)
         run.watcher = asyncio.create_task(self._watch(run), name=f"elector-child-{process.pid}")
         self._run = run
+
+    def extend_validity(self, valid_until: float) -> bool:
+        """Pass a renewal's validity end to the running child's keeper; False if there is none or
+        it could not take it now (see `KeeperLink.send`)."""
+        run = self._run
+        if run is None or run.keeper is None or run.exited.is_set() or run.stopping:
+            return False
+        return run.keeper.send(valid_until)
 
     async def _watch(self, run: _Run) -> None:
         returncode = await run.process.wait()
         run.ended_at = time.monotonic()
         self._children.waited.discard(run.pid)
         run.exited.set()
+        if run.keeper is not None:
+            run.keeper.close()  # the keeper is gone: nobody reads the pipe any more
         if run.stopping:
             return
         exit_ = _child_exit(run.pid, returncode, stopped_by_us=False, runtime_s=run.ended_at - run.started_at)
@@ -304,16 +303,32 @@ class ChildSupervisor:
         except Exception:  # the callback's bug must not kill the watcher, nor go unseen
             self._log.error("child_on_exit_failed", pid=run.pid, exc_info=True)
 
-    async def stop(self) -> ChildExit | None:
+    async def stop(self, *, kill_now: bool = False) -> ChildExit | None:
         """Stop the child and its tree; see the module doc for the guarantees and the time bound.
 
+        `kill_now`: SIGKILL at once, no grace (also cuts short a stop already in its grace).
         Returns how the run ended (after a natural exit: the `on_exit` value with the survivors of
         the clean-up), or None if no run was started since the last stop. Concurrent calls share
-        one stop; a cancelled caller does not interrupt it. A start() in flight is let finish first.
+        one stop; a cancelled caller does not interrupt it. A start() in flight does not spawn if
+        it has not yet; if it has, it is let finish and what it started is stopped.
         """
-        if self._start_done is not None:
-            await self._start_done.wait()
-        return await self._stop_run()
+        starting = self._starting
+        if starting is not None:
+            self._start_aborted = True
+            if kill_now:
+                self._hurry()  # the start may be cleaning up the last run's leftovers
+            with contextlib.suppress(Exception):  # a start error is the starter's to report
+                await asyncio.shield(starting)
+        if kill_now:
+            self._hurry()
+        result = await self._stop_run()
+        if result is None:
+            result, self._aborted_cleanup = self._aborted_cleanup, None
+        return result
+
+    def _hurry(self) -> None:
+        if self._run is not None:
+            self._run.hurry.set()
 
     async def _stop_run(self) -> ChildExit | None:
         if self._stopping is None:
@@ -342,57 +357,63 @@ class ChildSupervisor:
                 run.watcher.cancel()
             return result
         finally:
+            if run.keeper is not None:
+                run.keeper.close()
             self._run = None
             self._stopping = None
 
     async def _terminate(self, run: _Run) -> tuple[int, ...]:
-        if self.kill_grace_s > 0:
+        if self.kill_grace_s > 0 and not run.hurry.is_set():
             grace_deadline = time.monotonic() + self.kill_grace_s
             if not await self._signal_until_gone(run, signal.SIGTERM, deadline=grace_deadline):
                 return ()
-            self._log.warning("child_kill_after_grace", pid=run.pid, kill_grace_s=self.kill_grace_s)
+            if run.hurry.is_set():
+                self._log.warning("child_kill_now", pid=run.pid, detail="the grace was cut short")
+            else:
+                self._log.warning("child_kill_after_grace", pid=run.pid, kill_grace_s=self.kill_grace_s)
         kill_deadline = time.monotonic() + KILL_REAP_SLACK_S
         return await self._signal_until_gone(run, signal.SIGKILL, deadline=kill_deadline)
 
     async def _signal_until_gone(self, run: _Run, sig: signal.Signals, *, deadline: float) -> tuple[int, ...]:
-        """Signal the tree, then each newcomer once; the pids still alive at `deadline`."""
+        """Signal the tree, then each newcomer once; the pids still alive at `deadline` (or
+        when a SIGTERM phase is hurried: then SIGKILL follows at once)."""
         signalled: set[int] = set()
         tree = self._tree(run)
         # One killpg reaches the group atomically, even members forked while we scanned. Only
         # while a member is seen: then the group's id cannot have been reused by a stranger.
         group = [proc.pid for proc in tree if proc.pgid == run.pid and proc.alive]
-        if group and _send(run.pid, sig, group=True):
+        if group and send_signal(run.pid, sig, group=True):
             signalled.update(group)
         while True:
             me, alive = os.getpid(), []
             for proc in tree:
                 if not proc.alive:
                     if proc.ppid == me and proc.pid != run.pid and proc.pid not in self._children.waited:
-                        _reap(proc.pid)  # an orphan reparented to us: nobody else will
+                        reap(proc.pid)  # an orphan reparented to us: nobody else will
                     continue
                 alive.append(proc.pid)
                 if proc.pid not in signalled:
                     signalled.add(proc.pid)
-                    _send(proc.pid, sig)
+                    send_signal(proc.pid, sig)
             if not alive and run.exited.is_set():
                 return ()
             now = time.monotonic()
-            if now >= deadline:
+            if now >= deadline or (alive and sig is signal.SIGTERM and run.hurry.is_set()):
                 return tuple(sorted(alive))
             await asyncio.sleep(min(_POLL_S, deadline - now))
             tree = self._tree(run)
 
-    def _tree(self, run: _Run) -> list[_Proc]:
+    def _tree(self, run: _Run) -> list[Proc]:
         """The child's session, plus what left it and got reparented to us (see the module doc)."""
-        if not _HAVE_PROC:
+        if not HAVE_PROC:
             # Without /proc only the group can be followed: is anyone left in it?
-            if _send(run.pid, 0, group=True):
-                return [_Proc(run.pid, "?", -1, run.pid, run.pid, 0)]
+            if send_signal(run.pid, 0, group=True):
+                return [Proc(run.pid, "?", -1, run.pid, run.pid, 0)]
             return []
         me = os.getpid()
         return [
             proc
-            for proc in _all_procs()
+            for proc in all_procs()
             if proc.sid == run.pid
             or (
                 proc.ppid == me
@@ -401,100 +422,3 @@ class ChildSupervisor:
                 and proc.start_ticks >= run.start_ticks
             )
         ]
-
-
-class OrphanReaper:
-    """Reaps zombies reparented to this process (as PID 1 or a subreaper), by pid, on SIGCHLD and
-    every `sweep_interval_s`; never a child asyncio waits for on behalf of a supervisor.
-
-    Use as `async with OrphanReaper():` or `await start()` / `await stop()`. `exclude` names the
-    pids (one, several or None) of other children that some code waits for by pid; a supervisor's
-    child needs no excluding.
-    """
-
-    def __init__(
-        self,
-        *,
-        sweep_interval_s: float = 5.0,
-        exclude: Callable[[], int | Iterable[int] | None] | None = None,
-        children: ChildRegistry | None = None,
-        logger: SupervisorLogger | None = None,
-    ) -> None:
-        self._children = ChildRegistry() if children is None else children
-        self.sweep_interval_s = sweep_interval_s
-        self._exclude = exclude
-        self.reaped_total = 0
-        self._log = logger if logger is not None else _default_logger()
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._on_sigchld = False
-
-    @property
-    def uses_sigchld(self) -> bool:
-        """Whether SIGCHLD triggers a sweep (otherwise only the periodic sweep runs)."""
-        return self._on_sigchld
-
-    async def start(self) -> None:
-        if self._task is not None:
-            raise RuntimeError("the reaper is already running")
-        self._on_sigchld = self._install_sigchld(asyncio.get_running_loop())
-        self._task = asyncio.create_task(self._sweep_forever(), name="elector-orphan-reaper")
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is None:
-            return
-        if self._on_sigchld:
-            asyncio.get_running_loop().remove_signal_handler(signal.SIGCHLD)
-            self._on_sigchld = False
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        self.sweep()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
-
-    def _install_sigchld(self, loop: asyncio.AbstractEventLoop) -> bool:
-        if signal.getsignal(signal.SIGCHLD) not in (signal.SIG_DFL, None):
-            # Another handler (a SIGCHLD-based asyncio child watcher) would be replaced and break.
-            self._log.warning("reaper_sigchld_taken", effect=f"sweeping every {self.sweep_interval_s}s only")
-            return False
-        try:
-            loop.add_signal_handler(signal.SIGCHLD, self._wake.set)
-        except (RuntimeError, ValueError, NotImplementedError) as exc:  # not the main thread
-            self._log.warning("reaper_no_sigchld", error=str(exc), sweep_interval_s=self.sweep_interval_s)
-            return False
-        return True
-
-    async def _sweep_forever(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.sweep_interval_s)
-            self._wake.clear()
-            if self._children.spawning:
-                # A child is being forked, its pid not yet protected: look again right after.
-                await asyncio.sleep(_POLL_S)
-                self._wake.set()
-                continue
-            self.sweep()
-
-    def sweep(self) -> tuple[int, ...]:
-        """Reap the zombie children that nobody waits for now; their pids."""
-        if self._children.spawning:
-            return ()
-        excluded = None if self._exclude is None else self._exclude()
-        protected = self._children.waited | ({excluded} if isinstance(excluded, int) else set(excluded or ()))
-        me, reaped = os.getpid(), []
-        for proc in _all_procs():
-            orphan = proc.ppid == me and not proc.alive and proc.pid not in protected
-            if orphan and _reap(proc.pid) is not None:
-                reaped.append(proc.pid)
-        if reaped:
-            self.reaped_total += len(reaped)
-            self._log.info("orphans_reaped", pids=reaped)
-        return tuple(reaped)

@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import json
 import re
 import signal
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
+from prometheus_client import CollectorRegistry
 
+from elector.app import Daemon, LockElection
+from elector.config import build_settings
+from elector.election import ElectionTiming, StepDownReason
+from elector.leader_check import LeaderFileUnusable, judge_leader_file
+from elector.metrics import MetricFamilies
 from elector.redis_server import RedisServerProcess
 from tests.support.daemon import DaemonProcess, wait_until
 from tests.support.seed import seed_used_lock
@@ -245,3 +258,214 @@ def test_password_never_appears_in_logs_or_http(tmp_path: Path) -> None:
             assert "hunter2-secret" not in outputs and "wrong-in-url" not in outputs
         finally:
             process.stop()
+
+
+# --- the leader file never says "leader" too long ------------------------------------------------
+
+
+class LeaderFileSampler:
+    """Reads several leader files over and over from a thread; each sample judges every file's
+    content at one wall-clock instant taken after all of them were read."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.paths = paths
+        self.samples: list[tuple[float, list[bool]]] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> LeaderFileSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            contents = [path.read_bytes() if path.exists() else None for path in self.paths]
+            now_s = time.time()
+            leading = []
+            for path, data in zip(self.paths, contents, strict=True):
+                try:
+                    leading.append(
+                        data is not None
+                        and judge_leader_file(data, source=str(path), wall_now_s=now_s).leading
+                    )
+                except LeaderFileUnusable as exc:
+                    self.errors.append(str(exc))
+                    leading.append(False)
+            self.samples.append((now_s, leading))
+            time.sleep(0.002)
+
+
+def check_command(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "elector", "leader-file", "check", str(path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_a_sigkilled_leaders_file_stops_passing_the_check_before_anyone_else_leads(
+    daemon, seeded, tmp_path: Path
+) -> None:
+    files = [tmp_path / "a.json", tmp_path / "b.json"]
+    with LeaderFileSampler(files) as sampler:
+        a = daemon("a", "--leader-file", str(files[0]))
+        wait_until(a.is_leader, timeout_s=3)
+        b = daemon("b", "--leader-file", str(files[1]))
+        time.sleep(0.7)  # several renewals, each moving a's validity end
+        assert check_command(files[0]).returncode == 0
+        killed_at_s = time.time()
+        a.signal(signal.SIGKILL)
+        a.wait()
+        wait_until(b.is_leader, timeout_s=3 * TTL_S)
+        wait_until(lambda: any(sample[1][1] for sample in sampler.samples[-5:]), timeout_s=2)
+        time.sleep(0.3)
+    assert sampler.errors == []
+    both = [sample for sample in sampler.samples if all(sample[1])]
+    assert both == [], f"both files said 'valid leader' at once: {both[:3]}"
+    assert any(sample[1][0] for sample in sampler.samples) and any(sample[1][1] for sample in sampler.samples)
+    # The dead daemon's file still says is_leader, but only until its last renewal's validity end.
+    dead = json.loads(files[0].read_text())
+    assert dead["is_leader"] is True
+    validity_s = ElectionTiming.from_ttl(TTL_S).validity_s
+    assert dead["valid_until_ms"] <= (killed_at_s + validity_s) * 1000
+    result = check_command(files[0])
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr.startswith("not leading") and "validity ended" in result.stderr
+    assert result.stderr.count("\n") == 1
+    result = check_command(files[1])
+    assert result.returncode == 0 and result.stdout.startswith("leading"), result.stderr
+
+
+def test_a_restarting_daemon_says_not_leading_before_anything_else(
+    daemon, seeded, tmp_path: Path, redis_server: RedisServerProcess
+) -> None:
+    path = tmp_path / "leader.json"
+    a = daemon("a", "--leader-file", str(path), ttl="10s")
+    wait_until(a.is_leader, timeout_s=3)
+    wait_until(lambda: json.loads(path.read_text())["is_leader"], timeout_s=3)
+    a.signal(signal.SIGKILL)
+    a.wait()
+    assert json.loads(path.read_text())["is_leader"] is True  # what a killed daemon leaves behind
+    redis_server.pause()  # the restarted daemon cannot reach Redis for a while
+    try:
+        daemon("a", "--leader-file", str(path), ttl="10s")  # returns once /healthz answers
+        content = json.loads(path.read_text())
+    finally:
+        redis_server.resume()
+    assert (content["is_leader"], content["valid_until_ms"], content["fencing_token"]) == (False, None, None)
+
+
+# --- a stop path that raises: the work is stopped and the lease is left to lapse --------------
+
+
+async def until(predicate: Callable[[], object], *, timeout_s: float) -> None:
+    async with asyncio.timeout(timeout_s):
+        while True:
+            if predicate():
+                return
+            await asyncio.sleep(0.01)
+
+
+class BrokenExecutor(concurrent.futures.ThreadPoolExecutor):
+    """The default executor of a process that can no longer start threads."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        raise RuntimeError("can't start new thread")
+
+
+async def test_a_stop_path_that_raises_stops_the_work_and_leaves_the_lease_to_lapse(
+    seeded, redis_url: str, tmp_path: Path
+) -> None:
+    settings = build_settings(
+        lock="jobs",
+        identity="a",
+        redis_url=redis_url,
+        ttl_s=2.0,
+        http_address="127.0.0.1:0",
+        leader_file=str(tmp_path / "leader.json"),
+    )
+    daemon = Daemon(settings, registry=CollectorRegistry())
+    work_stopped: list[StepDownReason] = []
+
+    async def stop_work(reason: StepDownReason) -> None:
+        work_stopped.append(reason)
+
+    lock = LockElection(
+        daemon, lock="jobs", families=MetricFamilies(CollectorRegistry()), on_stopped_leading=stop_work
+    )
+    loop = asyncio.get_running_loop()
+    await daemon.redis.start()
+    running = asyncio.create_task(lock.run())
+    try:
+        await until(lambda: lock.status().is_leader, timeout_s=5)
+        key = "elector:{jobs}:lease"
+        value = seeded.get(key)
+        loop.set_default_executor(BrokenExecutor())  # the leader file's write cannot start a thread
+        lock.election.stop()
+        async with asyncio.timeout(5):
+            await running
+        assert work_stopped == [StepDownReason.SHUTDOWN]  # the command was stopped all the same
+        # ...but not released: the key stays ours until its ttl runs out on Redis.
+        assert seeded.get(key) == value and 0 < seeded.pttl(key) <= 2000
+        await until(lambda: not seeded.exists(key), timeout_s=4)
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await daemon.redis.aclose(within_s=1.0)
+
+
+async def test_a_leader_file_that_cannot_be_updated_holds_the_release_until_its_validity_end(
+    seeded, redis_url: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "leader.json"
+    settings = build_settings(
+        lock="jobs",
+        identity="a",
+        redis_url=redis_url,
+        ttl_s=2.0,
+        http_address="127.0.0.1:0",
+        leader_file=str(path),
+    )
+    daemon = Daemon(settings, registry=CollectorRegistry())
+    work_stopped_at: list[float] = []
+
+    async def stop_work(reason: StepDownReason) -> None:
+        work_stopped_at.append(time.time())
+
+    registry = CollectorRegistry()
+    lock = LockElection(daemon, lock="jobs", families=MetricFamilies(registry), on_stopped_leading=stop_work)
+    assert lock.leader_file is not None
+    key = "elector:{jobs}:lease"
+    await daemon.redis.start()
+    running = asyncio.create_task(lock.run())
+    try:
+        await until(lambda: json.loads(path.read_text())["is_leader"], timeout_s=5)
+        # The volume hangs: the step-down's "not leading" write cannot land (a seam: the writer's lock).
+        assert lock.leader_file._mutex.acquire(timeout=5)
+        try:
+            valid_until_ms = json.loads(path.read_text())["valid_until_ms"]
+            lock.election.stop()
+            await until(lambda: work_stopped_at, timeout_s=2)
+            # The file still says "leader" until valid_until_ms: no successor may be granted the lease
+            # before then, so the lease is not released either.
+            await asyncio.sleep(max(0.0, valid_until_ms / 1000 - 0.15 - time.time()))
+            assert seeded.exists(key)
+            assert work_stopped_at[0] * 1000 < valid_until_ms - 150  # the work was stopped at once
+            await until(lambda: not seeded.exists(key), timeout_s=3)
+        finally:
+            lock.leader_file._mutex.release()
+        async with asyncio.timeout(5):
+            await running
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await daemon.redis.aclose(within_s=1.0)
+    assert registry.get_sample_value("elector_release_withheld_total", {"lock": "jobs"}) == 0  # released
+    assert json.loads(path.read_text())["state"] == "stopped"

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from structlog.testing import CapturingLogger
 
+from elector.keeper import KeeperLink, boottime
 from elector.supervisor import KILL_REAP_SLACK_S, ChildExit, ChildStartError, ChildSupervisor, stop_budget_s
 
 REPO = Path(__file__).resolve().parent.parent
@@ -271,20 +272,81 @@ async def test_a_restart_after_a_natural_exit_first_kills_the_leftovers(
     assert not running(second_grandchild)
 
 
-async def test_a_stop_during_a_start_stops_what_it_started(
-    exits: list[ChildExit],
+async def test_a_stop_during_a_start_wins_and_nothing_is_left_running(
+    tmp_path: Path, exits: list[ChildExit]
 ) -> None:
-    supervisor = shell("sleep 1000", exits)
+    started = tmp_path / "started"
+    supervisor = shell(f"echo $$ >> {started}; sleep 1000", exits)
     starting = asyncio.create_task(supervisor.start(env={}))
     await asyncio.sleep(0)  # the start is under way, its child not known yet
     with pytest.raises(RuntimeError, match="stop"):  # a second start is refused
         await supervisor.start(env={})
 
-    result = await supervisor.stop()
+    await supervisor.stop()
 
-    await starting
+    assert await starting is False, "a start that had not spawned yet does not spawn"
+    await asyncio.sleep(0.3)
+    assert complete_lines(started) == [] and not supervisor.running
+
+
+async def test_a_stop_while_the_spawn_is_under_way_stops_what_it_started(exits: list[ChildExit]) -> None:
+    supervisor = shell("sleep 1000", exits)
+    stopping: list[asyncio.Task[ChildExit | None]] = []
+
+    def stop_right_before_the_spawn() -> bool:
+        stopping.append(asyncio.create_task(supervisor.stop()))  # runs while the spawn awaits
+        return True
+
+    assert await supervisor.start(env={}, still_wanted=stop_right_before_the_spawn) is True
+    result = await stopping[0]
+
     assert result is not None and result.stopped_by_us and result.signal == signal.SIGTERM
     assert not running(result.pid) and not supervisor.running
+
+
+async def test_a_kill_now_stop_cuts_short_a_restart_cleaning_up_leftovers_and_nothing_starts(
+    tmp_path: Path, exits: list[ChildExit]
+) -> None:
+    # The race of --on-child-exit restart: the restart's start() is waiting out the grace for a
+    # leftover that ignores TERM when the lease is lost. The stop must not wait for that grace,
+    # nor for another one, and no new command may start (it would carry the old token).
+    leftover, started = tmp_path / "leftover", tmp_path / "started"
+    script = f"echo $$ >> {started}; sh -c 'trap \"\" TERM; echo $$ >> {leftover}; exec sleep 1000' & exit 0"
+    supervisor = shell(script, exits, grace_s=30.0)
+    await supervisor.start(env={})
+    await until(lambda: exits)
+    [stubborn] = await read_pids(leftover)
+    restarting = asyncio.create_task(supervisor.start(env={}))
+    await asyncio.sleep(0.3)  # the restart sent TERM to the leftover and waits out the grace
+    assert running(stubborn) and not restarting.done()
+
+    result, elapsed_s = await timed_stop_now(supervisor)
+
+    assert await restarting is False
+    assert not running(stubborn) and result is not None and result.survivors == ()
+    assert elapsed_s < 10.0, "killed at once, not after the 30 s grace"
+    await asyncio.sleep(0.3)
+    assert len(complete_lines(started)) == 1, "the restart did not start a new command"
+
+
+async def timed_stop_now(supervisor: ChildSupervisor) -> tuple[ChildExit | None, float]:
+    began = time.monotonic()
+    result = await supervisor.stop(kill_now=True)
+    return result, time.monotonic() - began
+
+
+async def test_kill_now_skips_the_grace(tmp_path: Path, exits: list[ChildExit]) -> None:
+    pids = tmp_path / "pids"
+    supervisor = shell(f"trap 'echo term >> {tmp_path}/terms' TERM; echo $$ >> {pids}; sleep 1000", exits,
+                       grace_s=30.0)  # fmt: skip
+    await supervisor.start(env={})
+    [pid] = await read_pids(pids)
+
+    result, elapsed_s = await timed_stop_now(supervisor)
+
+    assert result is not None and result.signal == signal.SIGKILL and not running(pid)
+    assert not (tmp_path / "terms").exists(), "no SIGTERM first"
+    assert elapsed_s < 10.0, "not the 30 s grace"
 
 
 @pytest.mark.parametrize(
@@ -499,3 +561,43 @@ def test_the_reaper_leaves_a_supervised_childs_zombie_to_asyncio(tmp_path: Path)
     assert found["child_state"] == "Z", "the scenario did hold an unreaped child"
     assert found["swept"] == []
     assert found["returncode"] == 6
+
+
+# -- Under a keeper (exec mode): the supervisor sees the keeper, and the command's own ending. ---
+
+
+def keeper_link() -> KeeperLink:
+    return KeeperLink(valid_until=boottime() + 60, kill_grace_s=GRACE_S, margin_s=GRACE_S + 0.1)
+
+
+async def test_under_a_keeper_stop_reports_the_commands_signal_and_leaves_nothing(
+    tmp_path: Path, exits: list[ChildExit]
+) -> None:
+    pids = tmp_path / "pids"
+    supervisor = shell(f"sleep 1000 & echo $! >> {pids}; echo $$ >> {pids}; wait", exits, grace_s=5.0)
+    assert await supervisor.start(env={}, keeper=keeper_link()) is True
+    grandchild, command = await read_pids(pids, count=2)
+    keeper = supervisor.pid
+    assert keeper is not None and keeper not in (grandchild, command)
+    assert os.getpgid(command) == keeper == os.getsid(command)
+
+    result, elapsed_s = await timed_stop(supervisor)
+
+    assert result is not None and result.pid == keeper and result.signal == signal.SIGTERM
+    assert result.survivors == () and elapsed_s < 2.0, "TERM honoured: no grace waited out"
+    assert not any(running(pid) for pid in (keeper, command, grandchild))
+
+
+async def test_under_a_keeper_a_missing_command_is_still_a_start_error(exits: list[ChildExit]) -> None:
+    supervisor = ChildSupervisor(["elector-no-such-command"], kill_grace_s=1.0, on_exit=exits.append)
+    with pytest.raises(ChildStartError, match=r"elector-no-such-command'.*No such file"):
+        await supervisor.start(env={}, keeper=keeper_link())
+    assert not supervisor.running
+
+
+async def test_under_a_keeper_a_natural_exit_reports_the_commands_code(exits: list[ChildExit]) -> None:
+    supervisor = shell("exit 5", exits)
+    await supervisor.start(env={}, keeper=keeper_link())
+    await until(lambda: exits)
+    assert exits[0].returncode == 5 and exits[0].signal is None
+    assert supervisor.extend_validity(boottime() + 120) is False, "nobody left to tell"

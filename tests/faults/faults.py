@@ -5,9 +5,11 @@ gap it excuses from the availability, whether a takeover is expected) at the mom
 begins, heals the fault itself when it is a temporary one, and returns what the scenario tests
 need to assert on. "The leader" is the node whose child runs the newest term.
 
-A crash or a freeze hits the whole pod, as a container runtime or a frozen VM would: the daemon
-AND its command's process group. (SIGKILL of the daemon alone leaves its command running: the
-documented limit of exec mode, which the runtime covers by killing the container.)
+A crash or a freeze of the pod hits the daemon AND its command's process group (the command runs
+under its keeper, in the keeper's group), as a container runtime or a frozen VM would. The
+daemon-only faults (`kill_daemon`, `pause_daemon`, `block_loop`) hit the daemon alone, as an OOM
+kill, systemd's KillMode=process or a stalled event loop would: the keeper must then stop the
+command before the lease can expire, leaving no orphan (`session` is recorded to check that).
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ import redis
 
 from tests.support.sentinel import SentinelSetError
 
-from .harness import Cluster, Node
+from .harness import Cluster, Node, group_of, session_members
 
 #: Kinds that take the leader away: the checker measures a takeover after each.
 TAKEOVER_KINDS = frozenset({"kill_leader", "term_leader", "pause_long", "cut_leader", "blackhole_leader",
-                            "redis_restart", "sentinel_failover", "sentinel_kill_master"})  # fmt: skip
+                            "redis_restart", "sentinel_failover", "sentinel_kill_master",
+                            "kill_daemon", "pause_daemon", "block_loop"})  # fmt: skip
+#: The daemon alone is hit; its command must be stopped by its keeper.
+DAEMON_ONLY_KINDS = frozenset({"kill_daemon", "pause_daemon", "block_loop"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,15 +41,20 @@ class Injected:
     t: float
     node: Node
     child_pid: int
+    #: The session of the leader's command (its keeper's pid), while it ran.
+    session: int | None = None
 
 
 def _record(cluster: Cluster, kind: str, *, excuse_ttls: float, node: Node, child_pid: int) -> Injected:
     t = time.monotonic()
+    session = None
+    with contextlib.suppress(ProcessLookupError):
+        session = os.getsid(child_pid)
     cluster.journal.append(
         "fault", fault=kind, t=t, target=node.identity, target_pid=child_pid,
         excuse_s=excuse_ttls * cluster.ttl_s, takeover=kind in TAKEOVER_KINDS,
     )  # fmt: skip
-    return Injected(kind, t, node, child_pid)
+    return Injected(kind, t, node, child_pid, session=session)
 
 
 def _leader(cluster: Cluster) -> tuple[Node, int]:
@@ -55,12 +65,49 @@ def kill_leader(cluster: Cluster) -> Injected:
     """SIGKILL the leader's pod: the daemon and its command's process group, at once."""
     node, child = _leader(cluster)
     injected = _record(cluster, "kill_leader", excuse_ttls=1.0, node=node, child_pid=child)
+    group = group_of(child)
     os.kill(node.pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(child, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, TypeError):
+        os.killpg(group, signal.SIGKILL)  # type: ignore[arg-type]
     node.daemon.wait(timeout_s=5)
     cluster.retire(node)
     return injected
+
+
+def kill_daemon(cluster: Cluster) -> Injected:
+    """SIGKILL the leader's daemon ALONE: its command's keeper sees the pipe close and stops it."""
+    node, child = _leader(cluster)
+    injected = _record(cluster, "kill_daemon", excuse_ttls=1.0, node=node, child_pid=child)
+    os.kill(node.pid, signal.SIGKILL)
+    node.daemon.wait(timeout_s=5)
+    cluster.retire(node)
+    return injected
+
+
+def pause_daemon(cluster: Cluster, *, seconds: float) -> Injected:
+    """SIGSTOP the leader's daemon ALONE for `seconds` (> ttl), then SIGCONT it: no renewal comes,
+    and the keeper stops the command by the lease's deadline. The command is not frozen, so any
+    overlap with the successor is a violation (no fencing excuse)."""
+    node, child = _leader(cluster)
+    injected = _record(cluster, "pause_daemon", excuse_ttls=1.0, node=node, child_pid=child)
+    os.kill(node.pid, signal.SIGSTOP)
+    time.sleep(seconds)
+    os.kill(node.pid, signal.SIGCONT)
+    return injected
+
+
+def block_loop(cluster: Cluster) -> Injected:
+    """Block the leader's event loop for 2 ttl (the daemon's testing hook, armed by the harness):
+    the process lives and holds its pipe to the keeper, but nothing it runs can stop the command."""
+    node, child = _leader(cluster)
+    injected = _record(cluster, "block_loop", excuse_ttls=1.0, node=node, child_pid=child)
+    os.kill(node.pid, signal.SIGUSR2)
+    return injected
+
+
+def orphans(injected: Injected) -> list[int]:
+    """What still runs of the command's session the fault hit (its lease is over by now)."""
+    return [] if injected.session is None else session_members(injected.session)
 
 
 def term_leader(cluster: Cluster) -> tuple[Injected, int]:
@@ -84,25 +131,29 @@ def pause_leader(cluster: Cluster, *, seconds: float, child_first: bool = False)
     """SIGSTOP the leader's pod (daemon and command) for `seconds`, then SIGCONT it.
 
     child_first: resume the command first and let it make one write (rejected, if the pause
-    outlived the lease) before resuming the daemon. A VM resumes its threads in any order; this
-    one makes sure the stale write happens, so the test can check the fence rejects it.
+    outlived the lease) before resuming its keeper and the daemon. A VM resumes its threads in any
+    order; this one makes sure the stale write happens, so the test can check the fence rejects
+    it (resumed first, the keeper would kill the command at once: its deadline passed).
     """
     node, child = _leader(cluster)
     kind = "pause_long" if seconds > cluster.ttl_s else "pause_short"
     injected = _record(cluster, kind, excuse_ttls=1.0 if kind == "pause_long" else 0.0, node=node,
                        child_pid=child)  # fmt: skip
+    group = group_of(child)  # the keeper's group: a frozen pod freezes the keeper too
     os.kill(node.pid, signal.SIGSTOP)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(child, signal.SIGSTOP)
+    with contextlib.suppress(ProcessLookupError, TypeError):
+        os.killpg(group, signal.SIGSTOP)  # type: ignore[arg-type]
     frozen = time.monotonic()  # after the last SIGSTOP: until then the processes could act
     time.sleep(seconds)
     resumed = time.monotonic()  # before the first SIGCONT
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(child, signal.SIGCONT)
     if child_first:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGCONT)
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline and not _wrote_since(cluster, node, child, resumed):
             time.sleep(0.005)
+    with contextlib.suppress(ProcessLookupError, TypeError):
+        os.killpg(group, signal.SIGCONT)  # type: ignore[arg-type]
     os.kill(node.pid, signal.SIGCONT)
     cluster.journal.append(
         "pause", pids=[node.pid, child], t=frozen, t_resume=resumed, identity=node.identity

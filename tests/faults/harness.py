@@ -28,6 +28,7 @@ from typing import Any, Self, TypeVar
 import redis
 
 from elector.redis_server import RedisServerProcess
+from elector.testing_hooks import BLOCK_LOOP_ENV
 from tests.support.daemon import DaemonProcess
 from tests.support.seed import seed_used_lock
 from tests.support.sentinel import SentinelSet
@@ -39,6 +40,27 @@ CHILD = Path(__file__).with_name("child.py")
 LOCK = "jobs"
 RESOURCE_KEY = "{jobs}:resource"
 T = TypeVar("T")
+
+
+def group_of(pid: int) -> int | None:
+    """The process group of a leader's command: its keeper's (the command runs under one)."""
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def session_members(session: int) -> list[int]:
+    """Live processes of a command's session (keeper, command, its descendants): orphans, once the
+    lease they ran under is over."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[3]) == session and fields[0] not in ("Z", "X"):
+                    found.append(int(name))
+    return found
 
 
 def alive(pid: int) -> bool:
@@ -94,7 +116,15 @@ class ProxyLoop:
 class Node:
     """One replica: a daemon with its own proxy to the lock Redis and its own child journal."""
 
-    def __init__(self, cluster: Cluster, slot: int, generation: int) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        slot: int,
+        generation: int,
+        *,
+        program: tuple[str, ...] | None = None,
+        options: tuple[str, ...] = (),
+    ) -> None:
         self.slot = slot
         self.identity = f"n{slot}-{generation}"
         self.journal = cluster.directory / f"child-{self.identity}.jsonl"
@@ -112,8 +142,13 @@ class Node:
             log_dir=cluster.logs,
             lock=LOCK,
             ttl=f"{round(cluster.ttl_s * 1000)}ms",
-            extra_args=("--", *child),
+            extra_args=(*options, "--", *child),
+            # Armed in every daemon of the suite: the `block_loop` fault stalls one for 2 ttl.
+            env={BLOCK_LOOP_ENV: f"{2 * cluster.ttl_s:g}"},
         )
+        if program is not None:  # another build's `elector` (the previous release, for mixed fleets)
+            assert self.daemon.command[1:3] == ["-m", "elector"], self.daemon.command
+            self.daemon.command[:3] = program
 
     def proxy_of(self) -> TcpProxy:
         if self.proxy is None:
@@ -187,11 +222,15 @@ class Cluster:
         """How soon a resumed ex-leader's child must be gone: a cycle, the kill grace, slack for load."""
         return max(1.5, self.ttl_s)
 
-    def add_node(self, *, wait: bool = True) -> Node:
+    def add_node(
+        self, *, wait: bool = True, program: tuple[str, ...] | None = None, options: tuple[str, ...] = ()
+    ) -> Node:
+        """Start one more replica; `program` replaces `python -m elector` (e.g. an older release's),
+        `options` go to `elector run` before the command."""
         self._generation += 1
         used = {node.slot for node in self.nodes}
         slot = next(i for i in range(1, len(self.nodes) + 2) if i not in used)
-        node = Node(self, slot, self._generation)
+        node = Node(self, slot, self._generation, program=program, options=options)
         node.daemon.start()
         self.nodes.append(node)
         if wait:
@@ -214,8 +253,8 @@ class Cluster:
         self.journal.append("run", t_begin=self._run_begin(), t_end=time.monotonic(),
                             ttl_s=self.ttl_s, prompt_s=self.prompt_s)  # fmt: skip
         for pid in self.live_children():  # a frozen child would not act on its SIGTERM either
-            with contextlib.suppress(OSError):
-                os.killpg(pid, signal.SIGCONT)
+            with contextlib.suppress(OSError, TypeError):
+                os.killpg(group_of(pid), signal.SIGCONT)  # type: ignore[arg-type]
         everyone = self.nodes + self.retired
         for node in everyone:  # all at once: followers must not take over one after another
             self._resume_quietly(node)
@@ -233,8 +272,8 @@ class Cluster:
         while time.monotonic() < deadline and self.live_children():
             time.sleep(0.02)
         for pid in self.live_children():  # a child that outlived its daemon: the worst case, journaled
-            with contextlib.suppress(OSError):
-                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError, TypeError):
+                os.killpg(group_of(pid), signal.SIGKILL)  # type: ignore[arg-type]
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and self.live_children():
             time.sleep(0.02)

@@ -44,6 +44,9 @@ WEIGHTS = {
     "slow_leader": 2,
     "redis_restart": 2,
     "cut_follower": 1,
+    "kill_daemon": 2,
+    "pause_daemon": 2,
+    "block_loop": 2,
 }
 
 #: With Sentinel the daemons talk to the sentinels directly: no proxy, so no link faults.
@@ -54,11 +57,21 @@ SENTINEL_WEIGHTS = {
     "pause_long": 3,
     "sentinel_failover": 2,
     "sentinel_kill_master": 2,
+    "kill_daemon": 1,
+    "pause_daemon": 1,
+    "block_loop": 1,
 }
 
 
-def inject(cluster: Cluster, kind: str, rng: random.Random) -> None:
+def inject(cluster: Cluster, kind: str, rng: random.Random) -> faults.Injected | None:
+    """Inject one fault; what was injected, for the daemon-only faults (their orphans are checked)."""
     ttl = cluster.ttl_s
+    if kind == "kill_daemon":
+        return faults.kill_daemon(cluster)
+    if kind == "pause_daemon":
+        return faults.pause_daemon(cluster, seconds=rng.uniform(1.2, 2.0) * ttl)
+    if kind == "block_loop":
+        return faults.block_loop(cluster)
     if kind == "kill_leader":
         faults.kill_leader(cluster)
     elif kind == "term_leader":
@@ -80,6 +93,7 @@ def inject(cluster: Cluster, kind: str, rng: random.Random) -> None:
         faults.heal_sentinel(cluster)
     else:
         raise ValueError(f"unknown fault {kind!r}")
+    return None
 
 
 def test_random_mix_of_faults_never_gives_two_leaders(
@@ -96,12 +110,19 @@ def test_random_mix_of_faults_never_gives_two_leaders(
         sentinel = stack.enter_context(SentinelSet(replicas=2)) if backend == "sentinel" else None
         cluster = stack.enter_context(Cluster(directory, ttl_s=profile.ttl_s, sentinel=sentinel))
         deadline = time.monotonic() + mix_s
+        orphans: list[tuple[str, list[int]]] = []
         while time.monotonic() < deadline:
             while len(cluster.nodes) < cluster.size:  # the pod comes back, under a new name
                 cluster.add_node()
             cluster.wait_for_leader(timeout_s=10 + 4 * cluster.ttl_s)
             time.sleep(rng.uniform(0.2, 1.0) * cluster.ttl_s)
-            inject(cluster, rng.choices(kinds, weights)[0], rng)
+            injected = inject(cluster, rng.choices(kinds, weights)[0], rng)
+            if injected is not None:
+                # Once another command runs, the faulted term's lease is over: nothing of its
+                # command may run any more.
+                cluster.wait_for_leader(timeout_s=10 + 4 * cluster.ttl_s, not_pid=injected.child_pid)
+                if left := faults.orphans(injected):
+                    orphans.append((injected.kind, left))
         cluster.wait_for_leader(timeout_s=10 + 4 * cluster.ttl_s)
         cluster.stop()
     report = check(directory)
@@ -109,8 +130,9 @@ def test_random_mix_of_faults_never_gives_two_leaders(
         f"fault mix ({backend} Redis, {profile.name} profile, {mix_s / 60:.1f} min of faults, "
         f"ttl {profile.ttl_s}s, seed {seed}, {time.monotonic() - started:.0f}s wall)"
     )
-    table = format_summary(report, title=title)
+    table = format_summary(report, title=title) + f"\n{'orphans after daemon-only faults':<35}{len(orphans)}"
     (directory / "summary.txt").write_text(table + "\n")
     request.config.stash.setdefault(SUMMARIES, []).append(table)
     assert report.violations == 0, f"{table}\n{report.explain()}"
+    assert orphans == [], f"{table}\nprocesses of a command outlived its lease: {orphans}"
     assert len(report.faults) >= 3, table

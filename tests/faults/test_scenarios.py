@@ -25,6 +25,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 TTL_S = 2.0
 
 
+def wrote(journal: Path, pid: int) -> bool:
+    """Whether the child `pid` journaled a fenced write."""
+    lines = journal.read_text().splitlines() if journal.exists() else []
+    records = [json.loads(line) for line in lines if line.endswith("}")]
+    return any(record["kind"] == "write" and record["pid"] == pid for record in records)
+
+
 def judge(cluster: Cluster) -> Report:
     """Stop the cluster and check its journals; fail with the whole story on any violation."""
     cluster.stop()
@@ -50,7 +57,9 @@ def test_sigterm_of_the_leader_releases_and_the_next_term_has_a_higher_token(clu
     time.sleep(0.5)
     injected, code = faults.term_leader(cluster)
     assert code == 0
-    cluster.wait_for_leader(timeout_s=TTL_S + 8, not_pid=injected.child_pid)
+    node, pid = cluster.wait_for_leader(timeout_s=TTL_S + 8, not_pid=injected.child_pid)
+    # A loaded machine may take a second to import the child's client: judge() wants writes.
+    wait_until(lambda: wrote(node.journal, pid), timeout_s=10)
     events = [line.get("event") for line in injected.node.daemon.log_lines()]
     assert "released" in events, events
     report = judge(cluster)
@@ -98,6 +107,31 @@ def test_a_leader_cut_off_from_redis_stops_its_command_before_anyone_takes_over(
     successor = next(term for term in report.terms if term.start > injected.t)
     assert old.end_source == "end" and old.end < successor.start
     assert successor.identity != old.identity
+    assert report.covered_overlaps == []
+
+
+@pytest.mark.parametrize("kind", ["kill_daemon", "pause_daemon", "block_loop"])
+def test_the_daemon_alone_killed_frozen_or_stalled_leaves_no_command_beside_the_successor(
+    cluster: Cluster, kind: str
+) -> None:
+    time.sleep(0.5)
+    if kind == "kill_daemon":
+        injected = faults.kill_daemon(cluster)
+    elif kind == "pause_daemon":
+        injected = faults.pause_daemon(cluster, seconds=2 * TTL_S)
+    else:
+        injected = faults.block_loop(cluster)  # the harness arms the hook for 2 ttl
+    _, successor_pid = cluster.wait_for_leader(timeout_s=TTL_S + 8, not_pid=injected.child_pid)
+    assert faults.orphans(injected) == [], "the old command's session outlived its lease"
+    if kind != "kill_daemon":  # the daemon lives on, and sees its term ended once it runs again
+        daemon = injected.node.daemon
+        wait_until(lambda: "stepped_down" in [line.get("event") for line in daemon.log_lines()], timeout_s=10)
+        assert daemon.process is not None and daemon.process.poll() is None
+    report = judge(cluster)
+    old = next(term for term in report.terms if term.pid == injected.child_pid)
+    successor = next(term for term in report.terms if term.pid == successor_pid)
+    # Stopped by its keeper's SIGTERM (it wrote its end), before the successor began.
+    assert old.end_source == "end" and old.end < successor.start, report.explain()
     assert report.covered_overlaps == []
 
 
