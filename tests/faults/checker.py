@@ -15,8 +15,10 @@ false "no overlap" is the worst answer this checker could give.
 Overlapping terms are violations, with one exception the issue names: the older term's processes
 were frozen (SIGSTOP) before the newer term began, so the older child cannot know it was replaced.
 Such an overlap is "covered by fencing" only if every write the older child sent after the newer
-term began was rejected by the fence (an unanswered write counts as accepted), and the older child
-ended promptly after it was resumed. Anything short of that is a violation too.
+term's first accepted write (the moment the fence knew the newer token) was rejected by the fence
+(an unanswered write counts as accepted), and the older child ended promptly after it was resumed.
+Anything short of that is a violation too. A late write accepted BEFORE the newer term first wrote
+is ordered before all of the newer term's writes, which is what fencing promises.
 """
 
 from __future__ import annotations
@@ -231,7 +233,13 @@ def _classify(older: Term, newer: Term, pauses: list[Pause], prompt_s: float) ->
         return "both children were running"
     if older.token >= newer.token:
         return "the paused (older) term does not hold the lower token"
-    late = [w for w in older.writes if w.sent >= newer.start]
+    # The fence protects from the newer term's first accepted write on: a late write of the old
+    # term that the resource took before it is ordered before every write of the newer term,
+    # exactly as if it had been sent just before the handoff. (A successor that has not written
+    # yet has nothing a stale write could overwrite.) After that reply, every late write must be
+    # rejected; an unanswered one counts as accepted.
+    fenced_at = min((w.replied for w in newer.writes if w.accepted is True), default=math.inf)
+    late = [w for w in older.writes if w.sent >= max(newer.start, fenced_at)]
     not_rejected = [w for w in late if w.accepted is not False]
     if not_rejected:
         w = not_rejected[0]

@@ -167,6 +167,29 @@ def test_a_frozen_ex_leader_is_not_covered_unless_fenced_and_stopped_promptly(  
     assert report.covered_overlaps == []
 
 
+def test_a_late_write_accepted_before_the_successor_first_wrote_is_covered(
+    journals: Journals, tmp_path: Path
+) -> None:
+    # a resumes at 5.0 and writes at 5.02, before b's first write (5.3): the resource orders it
+    # before all of b's writes. Its next write, after b's reply at 5.301, must be rejected.
+    journals.term("a", 100, 5, 0.0, 5.4, writes=[(0.5, True), (5.02, True), (5.35, False)])
+    journals.harness("pause", pids=[100], t=1.0, t_resume=5.0)
+    journals.term("b", 200, 6, 3.0, 9.0, writes=[(5.3, True)])
+    report = check(tmp_path)
+    assert report.violations == 0, report.explain()
+    assert len(report.covered_overlaps) == 1
+
+
+def test_a_late_write_accepted_after_the_successor_first_wrote_is_a_violation(
+    journals: Journals, tmp_path: Path
+) -> None:
+    journals.term("a", 100, 5, 0.0, 5.4, writes=[(0.5, True), (5.35, True)])
+    journals.harness("pause", pids=[100], t=1.0, t_resume=5.0)
+    journals.term("b", 200, 6, 3.0, 9.0, writes=[(5.3, True)])
+    (overlap,) = check(tmp_path).overlaps
+    assert "was accepted" in overlap.reason
+
+
 def test_a_pause_of_another_process_covers_nothing(journals: Journals, tmp_path: Path) -> None:
     journals.term("a", 100, 5, 0.0, 5.1, writes=[(0.5, True)])
     journals.harness("pause", pids=[999], t=1.0, t_resume=5.0)
