@@ -3,8 +3,10 @@
 A leader may be paused (GC, a stopped VM, a slow disk) past the end of its lease, while another
 process is elected and starts working. When the old leader resumes it still believes it leads,
 and its next write would overwrite the new leader's work. Every grant of the lease carries a
-fencing token that strictly increases per lock; a resource that remembers the highest token it
-has accepted can reject the writes of any earlier leader, however late they arrive.
+fencing token that increases per lock (strictly while Redis keeps the lock's counter; after
+the counter is lost, only if the server's clock is ahead of every earlier token: see
+docs/fencing.md); a resource that remembers the highest token it has accepted can reject the
+writes of any earlier leader, however late they arrive.
 
 `FencedStore` does that for string values kept in Redis, on the user's own
 `redis.asyncio.Redis` (or `RedisCluster`) client, whatever its `decode_responses` setting:

@@ -139,6 +139,9 @@ class Observation:
     last_fencing_token: int | None
     #: Milliseconds left in a data-loss quiet period (0 when none).
     quiet_remaining_ms: int
+    #: Set when the lock holds data from an elector protocol this code does not speak (which
+    #: key, which version): such data is left alone and the lock counts as held.
+    unknown_protocol: str | None = None
 
 
 class LeaseEventKind(enum.StrEnum):

@@ -60,13 +60,14 @@ def status_document(
     holder = observation.holder
     return {
         "lock": lock,
-        "held": holder is not None or observation.unrecognised_value,
+        "held": holder is not None or observation.unrecognised_value or bool(observation.unknown_protocol),
         "holder": None if holder is None else holder.identity,
         "fencing_token": None if holder is None else holder.fencing_token,
         "remaining_ms": observation.remaining_ms,
         "unrecognised_value": observation.unrecognised_value,
         "last_fencing_token": observation.last_fencing_token,
         "quiet_period_remaining_ms": observation.quiet_remaining_ms,
+        "unknown_protocol": observation.unknown_protocol,
         "candidates": [candidate_document(c) for c in candidates],
     }
 
@@ -84,6 +85,8 @@ def _headline(observation: Observation, *, lock: str) -> str:
         return f"lock {lock}: held by {_who(holder)}, {expiry}"
     if observation.unrecognised_value:
         return f"lock {lock}: held by a value elector did not write ({expiry})"
+    if observation.unknown_protocol:
+        return f"lock {lock}: held (its data is from an elector protocol this release does not speak)"
     return f"lock {lock}: free"
 
 
@@ -93,6 +96,11 @@ def _who(holder: Holder) -> str:
 
 def format_status(observation: Observation, *, lock: str, candidates: Sequence[Candidate] = ()) -> str:
     lines = [_headline(observation, lock=lock)]
+    if observation.unknown_protocol:
+        lines.append(
+            f"  unknown protocol: {_printable(observation.unknown_protocol)}; this release leaves the "
+            "lock alone and counts it as held: upgrade it (docs/protocol.md)"
+        )
     if observation.quiet_remaining_ms:
         lines.append(
             f"  quiet period: no grants for {observation.quiet_remaining_ms / 1000:.3f}s "

@@ -43,6 +43,7 @@ JSON_KEYS = {
     "unrecognised_value",
     "last_fencing_token",
     "quiet_period_remaining_ms",
+    "unknown_protocol",
     "candidates",
 }
 
@@ -114,6 +115,7 @@ def test_free_lock(redis_url: str) -> None:
         "unrecognised_value": False,
         "last_fencing_token": None,
         "quiet_period_remaining_ms": 0,
+        "unknown_protocol": None,
         "candidates": [],
     }
 
@@ -216,7 +218,7 @@ def test_lease_key_of_the_wrong_type_exits_1(redis_url: str, plain: redis.Redis,
     else:
         assert result.stdout == ""
     assert result.stderr.startswith("error: ")
-    assert "is not a string: something other than elector wrote it" in result.stderr
+    assert "(the meta key: not a hash): something other than elector wrote it" in result.stderr
     assert "elector:{" in result.stderr and "user_script" not in result.stderr
     assert "Traceback" not in result.output
 
@@ -483,3 +485,15 @@ def test_watch_of_an_unreachable_redis_exits_1(watches: list[Watch]) -> None:
     assert watch.process.stderr is not None
     stderr = watch.process.stderr.read()
     assert "cannot reach Redis" in stderr and SECRET not in stderr
+
+
+def test_data_from_an_unknown_protocol_is_shown_as_held_and_named(redis_url: str, plain: redis.Redis) -> None:
+    seed_used_lock(plain, "orders")
+    plain.hset("elector:{orders}:meta", mapping={"protocol": "3"})
+    result = status(redis_url, "orders")
+    assert result.exit_code == 0, result.output
+    assert "held" in result.stdout.splitlines()[0]
+    assert "unknown protocol: protocol 3 in the meta hash elector:{orders}:meta" in result.stdout
+    document = status_json(redis_url, "orders")
+    assert document["held"] is True
+    assert "protocol 3" in str(document["unknown_protocol"])

@@ -7,9 +7,10 @@ from elector.backend.cluster import (
     make_cluster_client,
 )
 from elector.backend.connection import InvalidRedisSettingsError, RedisSettings, make_client, redact_url
-from elector.backend.redis_lease import RedisEventSubscription, RedisLeaseBackend, parse_holder
+from elector.backend.redis_lease import RedisEventSubscription, RedisLeaseBackend
 from elector.backend.redlock import RedlockLeaseBackend
 from elector.backend.registry import HandoffRefusedError
+from elector.backend.replies import parse_holder
 
 __all__ = [
     "HandoffRefusedError",

@@ -46,7 +46,8 @@ from elector.backend.connection import (
     tls_options,
     url_without_password,
 )
-from elector.backend.redis_lease import RedisLeaseBackend, _translate
+from elector.backend.redis_lease import RedisLeaseBackend
+from elector.backend.replies import _translate
 
 if TYPE_CHECKING:
     from elector.backend.hub import EventHub

@@ -10,10 +10,15 @@ sign of life), and every command sent on it (SUBSCRIBE, UNSUBSCRIBE, PING) must 
 `request_timeout_s`. A broken read, a failed write or a late answer breaks the link: every live
 subscription's `next_event` raises `LeaseBackendError` (its election re-subscribes and looks at
 the lock again, since announcements may have been missed) and the connection is dropped. The hub
-reconnects lazily, on the next `subscribe()`. The channels of the broken subscriptions are put in
-that reconnect's single SUBSCRIBE, so a herd of re-subscribing elections costs one connection and
-one command, and each of them finds its channel live already. Channels nobody claims back within
-`orphan_grace_s` are unsubscribed.
+reconnects lazily, on the next `subscribe()`, and backs off: a link that breaks before it has
+stayed up for `stable_link_s` (an idle-timeout proxy that drops it right after SUBSCRIBE, a
+server that refuses connections) counts as a failure, and after the second failure in a row
+subscribe() fails at once for a cooldown that doubles with each failure up to
+`max_backoff_s`. Only a link that stayed up that long resets the count, so a link that keeps
+breaking right after subscribing costs a connection every `max_backoff_s`, not a reconnect loop.
+The channels of the broken subscriptions are put in the reconnect's single SUBSCRIBE, so a
+herd of re-subscribing elections costs one connection and one command, and each of them finds
+its channel live already. Channels nobody claims back within `orphan_grace_s` are unsubscribed.
 
 The connection's own wire protocol (writer and reader tasks, replies matched in order, deadlines,
 keep-alive PING) is `PubSubLink`, in pubsub_link.py; this module keeps the subscriptions.
@@ -23,13 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Coroutine
 from typing import Any
 
 import redis.asyncio
 
 from elector.backend.pubsub_link import PubSubLink
-from elector.backend.redis_lease import _translate, parse_event_message
+from elector.backend.replies import _translate, parse_event_message
 from elector.backend.subscriptions import QueuedEvents
 from elector.lease import BackendErrorKind, LeaseBackendError, LeaseEvent
 
@@ -42,8 +48,21 @@ DEFAULT_QUEUE_SIZE = 16
 #: their elections to come back (an election backs off at most 30 s between attempts).
 DEFAULT_ORPHAN_GRACE_S = 60.0
 #: After a failed connect, subscribe() calls fail at once for this long instead of each trying
-#: again: a thousand elections retrying must not become a thousand connection attempts.
+#: again: a thousand elections retrying must not become a thousand connection attempts. It is
+#: also the first step of the back-off of a link that keeps failing (doubled per failure).
 RECONNECT_COOLDOWN_S = 0.5
+#: A link that stayed up this long was a good one: the back-off starts over after it breaks.
+DEFAULT_STABLE_LINK_S = 10.0
+#: The longest cooldown between two connections of a link that keeps failing.
+DEFAULT_MAX_BACKOFF_S = 30.0
+
+
+def backoff_s(failures: int, *, max_backoff_s: float) -> float:
+    """The cooldown after `failures` failed links in a row: none after the first (a broken link
+    is re-made at once), then RECONNECT_COOLDOWN_S doubling per failure, capped."""
+    if failures <= 1:
+        return 0.0
+    return min(max_backoff_s, RECONNECT_COOLDOWN_S * 2.0 ** min(failures - 2, 30))
 
 
 class HubSubscription(QueuedEvents):
@@ -88,9 +107,21 @@ class EventHub:
         request_timeout_s: float,
         queue_size: int = DEFAULT_QUEUE_SIZE,
         orphan_grace_s: float = DEFAULT_ORPHAN_GRACE_S,
+        stable_link_s: float = DEFAULT_STABLE_LINK_S,
+        max_backoff_s: float = DEFAULT_MAX_BACKOFF_S,
     ) -> None:
         if keepalive_s <= 0 or request_timeout_s <= 0 or orphan_grace_s < 0 or queue_size < 1:
             raise ValueError("keepalive, request timeout and queue size must be positive")
+        if stable_link_s <= 0 or max_backoff_s < RECONNECT_COOLDOWN_S:
+            raise ValueError(
+                f"stable_link_s must be positive and max_backoff_s at least {RECONNECT_COOLDOWN_S} s, "
+                f"got {stable_link_s} and {max_backoff_s}"
+            )
+        self._stable_link_s = stable_link_s
+        self._max_backoff_s = max_backoff_s
+        #: Links that failed in a row (a failed connect, or a link broken before stable_link_s).
+        self.failures_in_a_row = 0
+        self._link_opened_at = 0.0
         self.client = client
         self.keepalive_s = keepalive_s
         self.request_timeout_s = request_timeout_s
@@ -209,10 +240,17 @@ class EventHub:
             return
         error = task.exception()  # also marks it retrieved when every caller gave up
         if isinstance(error, LeaseBackendError):
-            until = asyncio.get_running_loop().time() + RECONNECT_COOLDOWN_S
-            self._connect_failed = (until, error)
+            self.failures_in_a_row += 1
+            cooldown_s = max(RECONNECT_COOLDOWN_S, self._backoff_s())
+            self._connect_failed = (asyncio.get_running_loop().time() + cooldown_s, error)
         elif error is None:
             self._connect_failed = None
+            self._link_opened_at = asyncio.get_running_loop().time()
+
+    def _backoff_s(self) -> float:
+        # Full jitter in the upper half: hubs of many daemons behind one proxy drift apart.
+        base_s = backoff_s(self.failures_in_a_row, max_backoff_s=self._max_backoff_s)
+        return base_s * random.uniform(0.5, 1.0)
 
     def _link_broken(self, link: PubSubLink, error: LeaseBackendError) -> None:
         if self._link is not link:
@@ -220,6 +258,17 @@ class EventHub:
         logger.debug("announcement connection lost (%d subscriptions): %s", len(self._attached), error)
         self._link = None
         now = asyncio.get_running_loop().time()
+        if now - self._link_opened_at >= self._stable_link_s:
+            self.failures_in_a_row = 0
+        self.failures_in_a_row += 1
+        cooldown_s = self._backoff_s()
+        if cooldown_s > 0 and not self._closed:
+            logger.debug(
+                "announcement link failed %d times in a row: next in %.1f s",
+                self.failures_in_a_row,
+                cooldown_s,
+            )
+            self._connect_failed = (now + cooldown_s, error)
         for subscription in self._attached:
             subscribers = self._subscribers.get(subscription.channel)
             if subscribers is not None:

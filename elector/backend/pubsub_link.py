@@ -21,7 +21,7 @@ from typing import Any
 import redis.exceptions
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 
-from elector.backend.redis_lease import _translate
+from elector.backend.replies import _translate
 from elector.lease import BackendErrorKind, LeaseBackendError
 
 logger = logging.getLogger(__name__)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import re
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.asyncio
@@ -16,8 +15,9 @@ from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.typing import EncodableT, KeyT
 
-from elector.backend import registry, scripts
+from elector.backend import protocol, registry, scripts
 from elector.backend.replication import ReplicaAck, ReplicationAckError, run_script_acked
+from elector.backend.replies import _remaining, _translate, parse_event_message, parse_holder
 from elector.lease import (
     AcquireResult,
     BackendErrorKind,
@@ -25,11 +25,9 @@ from elector.lease import (
     Granted,
     Handoff,
     Held,
-    Holder,
     Lease,
     LeaseBackendError,
     LeaseEvent,
-    LeaseEventKind,
     Lost,
     Observation,
     QuietPeriod,
@@ -47,88 +45,6 @@ T = TypeVar("T")
 
 #: Longest identity accepted; it is stored in every lease value and published in every event.
 MAX_IDENTITY_LENGTH = 253
-#: Values longer than this are not elector's; don't try to parse them.
-MAX_VALUE_BYTES = 4096
-
-
-def parse_holder(raw: bytes) -> Holder | None:
-    """The holder named by a stored lease value or an announcement; None if not elector's."""
-    # Only elector's own shape is parsed: a foreign value (even deeply nested JSON, which would
-    # exhaust the parser's recursion) is simply "not elector's".
-    if not raw or len(raw) > MAX_VALUE_BYTES or not raw.startswith(b'{"'):
-        return None
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    identity = data.get("identity")
-    token = data.get("fencing_token")
-    if not isinstance(identity, str) or not isinstance(token, int) or isinstance(token, bool):
-        return None
-    return Holder(identity=identity, fencing_token=token)
-
-
-def parse_event_message(message: Mapping[str, Any]) -> LeaseEvent | None:
-    """The announcement in a pub/sub message (redis-py's dict shape); None if there is none.
-
-    Shared by the per-lock subscription and the multiplexing `EventHub`.
-    """
-    if message.get("type") != "message":
-        return None  # subscribe confirmations, PONGs: signs of life only
-    data = message.get("data")
-    if not isinstance(data, bytes):
-        return None
-    holder = parse_holder(data)
-    if holder is None:
-        return None
-    try:
-        kind = LeaseEventKind(json.loads(data).get("event"))
-    except (ValueError, AttributeError, UnicodeDecodeError, RecursionError):
-        return None
-    return LeaseEvent(kind=kind, holder=holder)
-
-
-def _remaining(pttl: int) -> int | None:
-    # PTTL: -1 no expiry, -2 no key.
-    return None if pttl < 0 else pttl
-
-
-def _translate(exc: Exception, *, what: str, keys: str = "") -> LeaseBackendError:
-    """One domain error for every client failure; redis-py messages carry no passwords."""
-    if isinstance(exc, TimeoutError | redis.exceptions.TimeoutError):
-        return LeaseBackendError(f"{what}: Redis did not answer in time", kind=BackendErrorKind.TIMEOUT)
-    if isinstance(exc, redis.exceptions.AuthenticationError | redis.exceptions.NoPermissionError):
-        return LeaseBackendError(f"{what}: Redis refused access: {exc}", kind=BackendErrorKind.AUTH)
-    if isinstance(exc, redis.exceptions.ConnectionError | OSError):
-        return LeaseBackendError(f"{what}: cannot reach Redis: {exc}", kind=BackendErrorKind.CONNECTION)
-    if isinstance(exc, redis.exceptions.ResponseError):
-        text = str(exc)
-        # Drop the script-call noise ("Error running script (call to f_...): @user_script:6: ").
-        text = re.sub(r"^Error running script \(call to f_[0-9a-f]+\): @user_script:\d+: ", "", text)
-        if text.startswith("NOPERM") or "NOPERM" in text[:40]:
-            return LeaseBackendError(f"{what}: Redis refused access: {text}", kind=BackendErrorKind.AUTH)
-        if "WRONGTYPE" in text:
-            return LeaseBackendError(
-                f"{what}: a key of this lock ({keys}) is not a string: something other than elector "
-                "wrote it; delete it to let elector use the lock",
-                kind=BackendErrorKind.DATA,
-            )
-        if "elector:" in text:
-            return LeaseBackendError(f"{what}: {text.removeprefix('ERR ')}", kind=BackendErrorKind.DATA)
-        if text.startswith(("NOAUTH", "WRONGPASS", "NOPERM")):
-            return LeaseBackendError(f"{what}: Redis refused access: {text}", kind=BackendErrorKind.AUTH)
-        return LeaseBackendError(f"{what}: Redis answered an error: {text}", kind=BackendErrorKind.SERVER)
-    if isinstance(exc, redis.exceptions.RedisError):
-        return LeaseBackendError(f"{what}: {type(exc).__name__}: {exc}", kind=BackendErrorKind.SERVER)
-    if isinstance(exc, redis.exceptions.RedisClusterException):
-        # The cluster client's own state errors (no node serves the slot, a failed topology
-        # refresh) are not RedisErrors, but neither are they garbage data: a server-side state.
-        return LeaseBackendError(f"{what}: Redis Cluster: {exc}", kind=BackendErrorKind.SERVER)
-    return LeaseBackendError(
-        f"{what}: unexpected reply from Redis ({type(exc).__name__}: {exc})", kind=BackendErrorKind.DATA
-    )
 
 
 class RedisLeaseBackend:
@@ -171,6 +87,10 @@ class RedisLeaseBackend:
         self._request_handoff = client.register_script(scripts.REQUEST_HANDOFF)
         self._candidates = client.register_script(scripts.CANDIDATES)
         self._uncertain_token: str | None = None
+        #: What this contender has seen of the lock, for ACQUIRE (see scripts.py): the longest ttl
+        #: in use and the highest fencing token.
+        self._ttls = protocol.TtlMemory()
+        self._highest_token = 0
 
     @property
     def lock(self) -> str:
@@ -183,7 +103,10 @@ class RedisLeaseBackend:
             raise
         except Exception as exc:  # every client failure becomes the one domain error
             # Every key a script reads without pcall: the server key too (ACQUIRE GETs it).
-            keys = f"{self.keys.lease} or {self.keys.fencing} or {self.keys.quiet} or {self.keys.server}"
+            keys = (
+                f"{self.keys.lease} or {self.keys.fencing} or {self.keys.quiet} or {self.keys.server} "
+                f"or {self.keys.meta}"
+            )
             raise _translate(exc, what=what, keys=keys) from exc
 
     async def _run(
@@ -228,8 +151,17 @@ class RedisLeaseBackend:
                         self.keys.candidates,
                         self.keys.candidate_expiry,
                         self.keys.handoff,
+                        self.keys.meta,
                     ],
-                    args=[json.dumps(identity), owner_token, ttl_ms, self.keys.channel, priority],
+                    args=[
+                        json.dumps(identity),
+                        owner_token,
+                        ttl_ms,
+                        self.keys.channel,
+                        priority,
+                        self._ttls.longest_ms(),
+                        self._highest_token,
+                    ],
                 ),
             )
         except LeaseBackendError as exc:
@@ -239,8 +171,14 @@ class RedisLeaseBackend:
         self._uncertain_token = None
         try:
             code = int(reply[0])
+            if code == 4:
+                raise LeaseBackendError(
+                    "acquire: " + self._unknown_protocol(f"the meta hash {self.keys.meta}", reply[1]),
+                    kind=BackendErrorKind.DATA,
+                )
             if code == 1:
                 fencing_token, value = int(reply[1]), bytes(reply[2]).decode("utf-8")
+                self._saw_token(fencing_token)
                 lease = Lease(
                     lock=self._lock,
                     identity=identity,
@@ -254,7 +192,7 @@ class RedisLeaseBackend:
                     )
                 return Granted(lease=lease)
             if code == 0:
-                return Held(holder=parse_holder(bytes(reply[1])), remaining_ms=_remaining(int(reply[2])))
+                return self._held(bytes(reply[1]), int(reply[2]))
             if code == 2:
                 return QuietPeriod(remaining_ms=max(0, int(reply[2])))
             if code == 3:
@@ -263,9 +201,45 @@ class RedisLeaseBackend:
             raise _translate(exc, what="acquire") from exc
         raise LeaseBackendError(f"acquire: unexpected reply code {code}", kind=BackendErrorKind.DATA)
 
+    def _held(self, raw: bytes, pttl: int) -> Held:
+        """Held, after checking the value's protocol and noting its token and ttl."""
+        version = protocol.lease_version(raw)
+        if version not in protocol.KNOWN_LEASE_VERSIONS:
+            # Held all the same (nothing here overwrites a live lease), but nobody is told who holds it
+            # from a format this code does not know: a DATA error names the problem instead.
+            raise LeaseBackendError(
+                "acquire: " + self._unknown_protocol(f"the lease value {self.keys.lease}", version),
+                kind=BackendErrorKind.DATA,
+            )
+        holder = parse_holder(raw)
+        if holder is not None:
+            self._saw_token(holder.fencing_token)
+        if holder is not None:
+            # A protocol-1 value does not say its ttl: its remaining time is a lower bound of it.
+            # (A value elector did not write says nothing about elector's ttls.)
+            ttl_ms = protocol.lease_ttl_ms(raw) or (pttl if pttl > 0 else None)
+            if ttl_ms is not None:
+                self._ttls.note(min(ttl_ms, protocol.MAX_TTL_MS))
+        return Held(holder=holder, remaining_ms=_remaining(pttl))
+
+    def _saw_token(self, token: int) -> None:
+        if 0 <= token < 10**15:
+            self._highest_token = max(self._highest_token, token)
+
+    def _unknown_protocol(self, where: str, version: object) -> str:
+        if isinstance(version, bytes):
+            version = version.decode("utf-8", "replace")
+        return protocol.unknown_protocol_message(lock=self._lock, where=where, version=version)
+
     async def renew(self, lease: Lease, *, priority: int = 0) -> RenewResult:
         registry.validate_priority(priority)
-        keys = [self.keys.lease, self.keys.candidates, self.keys.candidate_expiry, self.keys.handoff]
+        keys = [
+            self.keys.lease,
+            self.keys.candidates,
+            self.keys.candidate_expiry,
+            self.keys.handoff,
+            self.keys.meta,
+        ]
         identity = registry.encode_identity(lease.identity)
         args: list[str | int] = [lease.value, lease.ttl_ms, identity, priority]
         reply, acked = await self._call("renew", lambda: self._run_acked(self._renew, keys=keys, args=args))
@@ -275,7 +249,10 @@ class RedisLeaseBackend:
                     raise ReplicationAckError("renew", acked=acked, ack=self._replica_ack)
                 handoff, rival = registry.parse_renewed(reply)
                 return Renewed(handoff=handoff, best_rival=rival)
-            return Lost(holder=parse_holder(bytes(reply[1])), remaining_ms=_remaining(int(reply[2])))
+            holder = parse_holder(bytes(reply[1]))
+            if holder is not None:
+                self._saw_token(holder.fencing_token)
+            return Lost(holder=holder, remaining_ms=_remaining(int(reply[2])))
         except (IndexError, TypeError, ValueError) as exc:
             raise _translate(exc, what="renew") from exc
 
@@ -353,14 +330,17 @@ class RedisLeaseBackend:
     async def observe(self) -> Observation:
         reply: Any = await self._call(
             "observe",
-            lambda: self._run(self._observe, keys=[self.keys.lease, self.keys.fencing, self.keys.quiet]),
+            lambda: self._run(
+                self._observe, keys=[self.keys.lease, self.keys.fencing, self.keys.quiet, self.keys.meta]
+            ),
         )
         try:
-            raw_value, pttl, raw_counter, quiet_pttl = (
+            raw_value, pttl, raw_counter, quiet_pttl, raw_meta = (
                 bytes(reply[0]),
                 int(reply[1]),
                 bytes(reply[2]),
                 int(reply[3]),
+                bytes(reply[4]).decode("utf-8", "replace"),
             )
         except (IndexError, TypeError, ValueError) as exc:
             raise _translate(exc, what="observe") from exc
@@ -372,12 +352,19 @@ class RedisLeaseBackend:
                 f"observe: the fencing counter {self.keys.fencing} is not a number",
                 kind=BackendErrorKind.DATA,
             ) from None
+        unknown = []
+        if raw_meta and raw_meta != str(protocol.PROTOCOL):
+            unknown.append(f"protocol {raw_meta} in the meta hash {self.keys.meta}")
+        version = protocol.lease_version(raw_value) if raw_value else 1
+        if version not in protocol.KNOWN_LEASE_VERSIONS:
+            unknown.append(f"protocol {version} in the lease value {self.keys.lease}")
         return Observation(
             holder=holder,
             unrecognised_value=bool(raw_value) and holder is None,
             remaining_ms=_remaining(pttl) if raw_value else None,
             last_fencing_token=counter,
             quiet_remaining_ms=max(0, quiet_pttl),
+            unknown_protocol="; ".join(unknown) or None,
         )
 
     async def subscribe(self, *, keepalive_s: float = 60.0) -> LeaseEventSubscription:

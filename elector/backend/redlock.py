@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-from elector.backend import scripts
+from elector.backend import redlock_scripts
 from elector.backend.redis_lease import RedisLeaseBackend
 from elector.backend.subscriptions import RedlockSubscription
 from elector.lease import (
@@ -130,8 +130,8 @@ class RedlockLeaseBackend:
         self._split_vote_backoff_ms = split_vote_backoff_ms
         self._rng = rng or random.Random()
         self.majority = count // 2 + 1
-        self._confirm = [b.client.register_script(scripts.REDLOCK_CONFIRM) for b in backends]
-        self._abandon = [b.client.register_script(scripts.REDLOCK_ABANDON) for b in backends]
+        self._confirm = [b.client.register_script(redlock_scripts.REDLOCK_CONFIRM) for b in backends]
+        self._abandon = [b.client.register_script(redlock_scripts.REDLOCK_ABANDON) for b in backends]
         self._split_votes_in_a_row = 0
         self._tasks: set[asyncio.Task[None]] = set()
         #: Counters for tests and metrics.
@@ -217,7 +217,7 @@ class RedlockLeaseBackend:
             "acquire",
             self._confirm[index],
             keys=[backend.keys.lease, backend.keys.fencing],
-            args=[lease.value, token, json.dumps(lease.identity), owner, backend.keys.channel],
+            args=[lease.value, token, json.dumps(lease.identity), owner, backend.keys.channel, lease.ttl_ms],
         )
         try:
             return bytes(reply[1]).decode("utf-8") if int(reply[0]) == 1 else ""
@@ -400,6 +400,7 @@ class RedlockLeaseBackend:
             remaining_ms=remaining,
             last_fencing_token=max(tokens) if tokens else None,
             quiet_remaining_ms=quiet_ms,
+            unknown_protocol="; ".join(o.unknown_protocol for o in seen if o.unknown_protocol) or None,
         )
 
     async def subscribe(self, *, keepalive_s: float = 60.0) -> LeaseEventSubscription:

@@ -63,8 +63,7 @@ class ReplicationAckError(LeaseBackendError):
         )
         if isinstance(acked, WaitFailed):
             message = (
-                f"{what}: WAIT was refused ({acked.reason}), so no replica acknowledged "
-                "(--min-replicas-ack)"
+                f"{what}: WAIT was refused ({acked.reason}), so no replica acknowledged (--min-replicas-ack)"
             )
         if released is True:
             message += "; the grant was released"

@@ -5,10 +5,12 @@ touches one slot. Scripts run atomically; redis-py sends them by EVALSHA and rel
 NOSCRIPT (after a Redis restart or SCRIPT FLUSH).
 
 The stored lease value is JSON built inside the script:
-    {"identity":"<holder>","fencing_token":<n>,"token":"<secret hex>"}
+    {"identity":"<holder>","fencing_token":<n>,"token":"<secret hex>","v":2,"ttl_ms":<ttl>}
 `identity` and `fencing_token` are for observers (`redis-cli GET`, `elector status`); the
 `token` (128 random bits) makes the value unique to one grant, so that only the process that
-was granted it can renew or release it. Owner checks compare the whole value.
+was granted it can renew or release it. Owner checks compare the whole value. `v` (the protocol
+version) and `ttl_ms` (the holder's ttl) came with protocol 2: protocol 1 (cbaaac6) wrote the
+first three fields only and ignores the others (see protocol.py and docs/protocol.md).
 
 Announcements on the lock's channel are JSON too, without the secret:
     {"event":"acquired"|"released","identity":"<holder>","fencing_token":<n>}
@@ -32,134 +34,65 @@ A handoff key that is unparsable, of another type, or without an expiry is ignor
 
 from __future__ import annotations
 
-#: Most registered candidates per lock; beyond it new identities are simply not registered.
-MAX_CANDIDATES = 1000
-#: Most lapsed candidate entries one script call removes (bounded work per request).
-PRUNE_LIMIT = 100
-#: Longest handoff value parsed; anything longer is not elector's.
-MAX_HANDOFF_BYTES = 4096
+from elector.backend import protocol
+from elector.backend.script_lib import LIB as _LIB
+from elector.backend.script_lib import MAX_CANDIDATES, MAX_HANDOFF_BYTES, PRUNE_LIMIT
 
-#: Lua helpers shared by the scripts below (prepended to each that uses them; not a script).
-#:
-#: server_ms(): Redis server time in ms (one clock for every replica's entries).
-#: prune(entries, expiry, now_ms): drop at most PRUNE_LIMIT lapsed candidates.
-#: register(entries, expiry, identity, priority, now_ms, lapse_ms): prune, then refresh the entry
-#:   (a new identity only while fewer than MAX_CANDIDATES are registered).
-#: live(entries, expiry, now_ms): {{identity, priority, seen_ms}, ...} of unexpired, parsable
-#:   entries (at most MAX_CANDIDATES); foreign or garbage entries are skipped.
-#: read_handoff(key): {from=, to=, pttl=} of the handoff in progress, or nil when there is none
-#:   or the key is garbage / of another type / without expiry (so it can never block grants).
-#: handoff_json(from, to): the normalised handoff value (valid JSON whatever the input was).
-#: decode_identity(json): the identity from its JSON string literal, or nil.
-_LIB = (
-    f"local MAX_CANDIDATES, PRUNE_LIMIT = {MAX_CANDIDATES}, {PRUNE_LIMIT}\n"
-    f"local MAX_HANDOFF_BYTES = {MAX_HANDOFF_BYTES}\n"
-    + """local function server_ms()
-  local now = redis.call('TIME')
-  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-end
-local function prune(entries, expiry, now_ms)
-  local gone = redis.call('ZRANGEBYSCORE', expiry, '-inf', string.format('%d', now_ms),
-    'LIMIT', 0, PRUNE_LIMIT)
-  if #gone > 0 then
-    redis.call('HDEL', entries, unpack(gone))
-    redis.call('ZREM', expiry, unpack(gone))
-  end
-end
-local function register(entries, expiry, identity, priority, now_ms, lapse_ms)
-  prune(entries, expiry, now_ms)
-  if redis.call('ZSCORE', expiry, identity) or redis.call('ZCARD', expiry) < MAX_CANDIDATES then
-    redis.call('HSET', entries, identity,
-      string.format('{"priority":%d,"seen_ms":%d}', priority, now_ms))
-    redis.call('ZADD', expiry, string.format('%d', now_ms + lapse_ms), identity)
-  end
-end
-local function live(entries, expiry, now_ms)
-  local ids = redis.call('ZRANGEBYSCORE', expiry, '(' .. string.format('%d', now_ms), '+inf',
-    'LIMIT', 0, MAX_CANDIDATES)
-  local found = {}
-  if #ids == 0 then
-    return found
-  end
-  local raws = redis.call('HMGET', entries, unpack(ids))
-  for i, id in ipairs(ids) do
-    local raw = raws[i]
-    if type(raw) == 'string' then
-      local priority, seen = string.match(raw, '^{"priority":(%-?%d+),"seen_ms":(%d+)}$')
-      if priority and string.len(priority) <= 12 and string.len(seen) <= 15 then
-        found[#found + 1] = {id, tonumber(priority), tonumber(seen)}
-      end
-    end
-  end
-  return found
-end
-local function decode_identity(text)
-  local ok, identity = pcall(cjson.decode, text)
-  if ok and type(identity) == 'string' then
-    return identity
-  end
-  return nil
-end
-local function read_handoff(key)
-  local raw = redis.pcall('GET', key)
-  if type(raw) ~= 'string' or string.len(raw) > MAX_HANDOFF_BYTES then
-    return nil
-  end
-  local ok, h = pcall(cjson.decode, raw)
-  if not ok or type(h) ~= 'table' or type(h['from']) ~= 'string' then
-    return nil
-  end
-  local to = h['to']
-  if to == cjson.null then
-    to = nil
-  elseif to ~= nil and type(to) ~= 'string' then
-    return nil
-  end
-  local pttl = redis.call('PTTL', key)
-  if pttl <= 0 then
-    return nil
-  end
-  return {from = h['from'], to = to, pttl = pttl}
-end
-local function handoff_json(from, to)
-  local target = 'null'
-  if to then
-    target = cjson.encode(to)
-  end
-  return '{"from":' .. cjson.encode(from) .. ',"to":' .. target .. '}'
-end
-"""
-)
+__all__ = [
+    "ACQUIRE",
+    "CANDIDATES",
+    "MAX_CANDIDATES",
+    "MAX_HANDOFF_BYTES",
+    "OBSERVE",
+    "PRUNE_LIMIT",
+    "RELEASE",
+    "RENEW",
+    "REQUEST_HANDOFF",
+    "WITHDRAW",
+    "LockKeys",
+]
 
 #: Acquire: grant the lock if free, else say who holds it and for how long.
 #:
 #: KEYS[1] lease key, KEYS[2] fencing counter key, KEYS[3] quiet-period key, KEYS[4] server key,
-#: KEYS[5] candidates hash, KEYS[6] candidate expiry zset, KEYS[7] handoff key
+#: KEYS[5] candidates hash, KEYS[6] candidate expiry zset, KEYS[7] handoff key, KEYS[8] meta hash
 #: ARGV[1] identity, JSON-encoded (a JSON string literal, quotes included)
 #: ARGV[2] secret owner token (hex, no quotes or backslashes)
 #: ARGV[3] ttl in milliseconds (positive integer)
 #: ARGV[4] the lock's announcement channel
 #: ARGV[5] the candidate's priority (integer, |priority| <= 10^9)
+#: ARGV[6] the longest ttl (ms) this contender has seen in use on the lock, 0 for none
+#: ARGV[7] the highest fencing token this contender has observed, 0 for none (< 10^15)
 #: Returns one of
 #:   {1, fencing_token, value}   granted: the new lease value, expiring in ttl
 #:   {0, holder_value, pttl}     held by someone else; pttl -1 when the key has no expiry
 #:   {2, "", pttl}               quiet period: no grants for pttl ms
 #:   {3, handoff_json, pttl}     stand back: a handoff (normalised JSON, see above) excludes us
 #:                               for pttl ms
+#:   {4, version, -1}            the meta hash is from a protocol this script does not speak:
+#:                               nothing was written (the caller treats the lock as held)
 #:
-#: Every call first refreshes the caller's candidate entry (lapsing after 3 ttl).
+#: Every other call first refreshes the caller's candidate entry (lapsing after 3 ttl).
 #:
 #: A lease that already carries our owner token (an earlier attempt was applied but its answer
 #: was lost to a timeout) is adopted: its TTL is replaced and it is returned as granted.
 #:
-#: Fencing token: max(previous + 1, Redis server time in ms). The counter never expires, so tokens
-#: strictly increase across grants; if Redis loses it, server time (ahead of every earlier token)
-#: keeps them increasing. The counter must be a plain integer below 10^15 (exact in Lua numbers).
+#: Fencing token: max(previous + 1, Redis server time in ms, ARGV[7] + 1). The counter never
+#: expires, so while it survives tokens strictly increase across grants. When Redis loses it,
+#: the next token is above every earlier one only if the server's clock (ms since the epoch) is
+#: ahead of every token issued before, or the contender saw a token at least as high: tokens
+#: issued from the clock are only as monotonic as the servers' clocks (docs/fencing.md). The
+#: counter must be a plain integer below 10^15 (exact in Lua numbers).
 #:
-#: Quiet period: a lease granted before Redis restarted (empty, from an old snapshot, or a replica
-#: promoted by a failover) may still be believed by its holder until its next renewal, while the
-#: lease key itself is gone. So when the counter is missing, or the server's run_id differs from
-#: the one recorded at the last grant, grants are refused for one ttl.
+#: Quiet period: a lease granted before Redis lost data (an empty restart, an old snapshot, a
+#: replica promoted by a failover or a failback) may still be believed by its holder while the
+#: lease key itself is gone. So grants are refused when the counter is missing, the server's
+#: run_id differs from the one recorded at the last grant, or its master_replid (changed by every
+#: promotion) differs from the one in the meta hash. The quiet period lasts the longest of: our
+#: ttl, the longest ttl this contender saw in use (ARGV[6]), and the longest ttl recorded in the
+#: meta hash; a contender that saw a longer ttl than the one a quiet period was started with
+#: stretches it. A replid change is not counted when protocol 1 has served the quiet period on
+#: this server since (see docs/protocol.md): one quiet period per loss in a mixed fleet.
 #: The announcement is best effort (pcall): a user without channel permissions still gets grants.
 #:
 #: Handoff: checked after the quiet period (a restarted server's stale handoff must not shorten
@@ -168,6 +101,7 @@ end
 #: deletes the handoff key.
 ACQUIRE = (
     _LIB
+    + protocol.META_LIB
     + """
 local ttl = tonumber(ARGV[3])
 if not ttl or ttl <= 0 or ttl ~= math.floor(ttl) then
@@ -180,6 +114,20 @@ end
 local me = decode_identity(ARGV[1])
 if not me then
   return redis.error_reply('ERR elector: identity must be a JSON string')
+end
+local seen_ttl = tonumber(ARGV[6] or '0')
+if not seen_ttl or seen_ttl < 0 or seen_ttl ~= math.floor(seen_ttl) or seen_ttl > 1e12 then
+  return redis.error_reply('ERR elector: the longest ttl seen must be a non-negative integer of ms')
+end
+local seen_token = ARGV[7] or '0'
+if not string.match(seen_token, '^%d+$') or string.len(seen_token) > 15 then
+  return redis.error_reply('ERR elector: the highest token seen must be an integer below 10^15')
+end
+seen_token = tonumber(seen_token)
+local meta = read_meta(KEYS[8])
+local foreign = foreign_protocol(meta)
+if foreign then
+  return {4, foreign, -1}
 end
 local now_ms = server_ms()
 pcall(register, KEYS[5], KEYS[6], me, priority, now_ms, 3 * ttl)
@@ -194,32 +142,62 @@ if holder then
 end
 local quiet = redis.call('PTTL', KEYS[3])
 if quiet > 0 then
+  -- Started by a contender that knew a shorter ttl (or by protocol 1): one that saw a longer
+  -- ttl in use stretches it (the value is the start, in server ms, in both protocols).
+  local started = tonumber(redis.call('GET', KEYS[3]))
+  if started and seen_ttl > 0 and started + seen_ttl - now_ms > quiet then
+    quiet = started + seen_ttl - now_ms
+    redis.call('PEXPIRE', KEYS[3], quiet)
+  end
   return {2, '', quiet}
 end
 local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
+local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)') or ''
 local last = redis.call('GET', KEYS[2])
 if last and (not string.match(last, '^%d+$') or string.len(last) > 15) then
   return redis.error_reply('ERR elector: the fencing counter is not an integer below 10^15')
 end
-if not last or redis.call('GET', KEYS[4]) ~= run_id then
+local recorded = redis.call('GET', KEYS[4])
+local lost = not last or recorded ~= run_id
+if meta and meta.replid and meta.replid ~= replid then
+  -- A promotion (failover or failback): this server's data may be behind. Unless protocol 1
+  -- already served the quiet period on this server since the replid was recorded: it set the
+  -- server key to this run_id, and protocol 2 had recorded another run_id beside the replid.
+  local served = recorded == run_id and meta.run_id and meta.run_id ~= run_id
+  if not served then
+    lost = true
+  end
+end
+if lost then
+  local quiet_ms = math.max(ttl, seen_ttl)
+  if meta then
+    quiet_ms = math.max(quiet_ms, meta.ttl)
+  end
   if not last then
-    redis.call('SET', KEYS[2], string.format('%d', now_ms))
+    redis.call('SET', KEYS[2], string.format('%d', math.max(now_ms, seen_token)))
   end
   redis.call('SET', KEYS[4], run_id)
-  redis.call('SET', KEYS[3], string.format('%d', now_ms), 'PX', ttl)
-  return {2, '', ttl}
+  redis.call('HSET', KEYS[8], 'protocol', PROTOCOL, 'replid', replid, 'run_id', run_id)
+  note_ttl(KEYS[8], read_meta(KEYS[8]), quiet_ms, now_ms)
+  redis.call('SET', KEYS[3], string.format('%d', now_ms), 'PX', quiet_ms)
+  return {2, '', quiet_ms}
 end
 local handoff = read_handoff(KEYS[7])
 if handoff and (me == handoff.from or (handoff.to and me ~= handoff.to)) then
   return {3, handoff_json(handoff.from, handoff.to), handoff.pttl}
 end
-local token = string.format('%d', math.max(tonumber(last) + 1, now_ms))
+local token = string.format('%d', math.max(tonumber(last) + 1, now_ms, seen_token + 1))
 redis.call('SET', KEYS[2], token)
-local value = '{"identity":' .. ARGV[1] .. ',"fencing_token":' .. token .. ',"token":"' .. ARGV[2] .. '"}'
+local value = '{"identity":' .. ARGV[1] .. ',"fencing_token":' .. token .. ',"token":"' .. ARGV[2]
+  .. '","v":' .. PROTOCOL .. ',"ttl_ms":' .. string.format('%d', ttl) .. '}'
 redis.call('SET', KEYS[1], value, 'PX', ttl)
 if handoff then
   redis.call('DEL', KEYS[7])
 end
+if not meta or meta.replid ~= replid or meta.run_id ~= run_id then
+  redis.call('HSET', KEYS[8], 'protocol', PROTOCOL, 'replid', replid, 'run_id', run_id)
+end
+note_ttl(KEYS[8], meta, ttl, now_ms)
 redis.pcall('PUBLISH', ARGV[4],
   '{"event":"acquired","identity":' .. ARGV[1] .. ',"fencing_token":' .. token .. '}')
 return {1, tonumber(token), value}
@@ -228,7 +206,8 @@ return {1, tonumber(token), value}
 
 #: Renew: replace the TTL, only while the key still holds our value.
 #:
-#: KEYS[1] lease key, KEYS[2] candidates hash, KEYS[3] candidate expiry zset, KEYS[4] handoff key
+#: KEYS[1] lease key, KEYS[2] candidates hash, KEYS[3] candidate expiry zset, KEYS[4] handoff key,
+#: KEYS[5] meta hash
 #: ARGV[1] our lease value, ARGV[2] ttl in milliseconds (positive integer),
 #: ARGV[3] our identity, JSON-encoded, ARGV[4] our priority (integer, |priority| <= 10^9)
 #: Returns
@@ -237,11 +216,15 @@ return {1, tonumber(token), value}
 #:   {0, current_value_or_empty, pttl}          lost
 #: A missing key is never re-created (that would hide the window in which the lock was free),
 #: and the TTL is replaced, never added to.
-#: Every call refreshes our candidate entry. The handoff is reported only when its `from` is us
-#: (a stale one naming an earlier holder is not ours to act on). The rival is the live candidate
-#: other than us with the highest priority; ties go to the greatest identity (byte order).
+#: Every call refreshes our candidate entry, and our ttl as "in use" in a protocol-2 meta hash
+#: (a meta hash of another protocol is left alone). The handoff is reported only when its `from`
+#: is us (a stale one naming an earlier holder is not ours to act on). The rival is the candidate
+#: other than us with the highest priority among those seen within the last ttl (a candidate
+#: that registered once and died must not be handed the lease); ties go to the greatest
+#: identity (byte order).
 RENEW = (
     _LIB
+    + protocol.META_LIB
     + """
 local ttl = tonumber(ARGV[2])
 if not ttl or ttl <= 0 or ttl ~= math.floor(ttl) then
@@ -260,16 +243,21 @@ pcall(register, KEYS[2], KEYS[3], me, priority, now_ms, 3 * ttl)
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ttl)
+  local ok, meta = pcall(read_meta, KEYS[5])
+  if ok and meta and not foreign_protocol(meta) then
+    note_ttl(KEYS[5], meta, ttl, now_ms)
+  end
   local reply = {1, '', 0, '', 0, 0}
   local handoff = read_handoff(KEYS[4])
   if handoff and handoff.from == me then
     reply[2], reply[3] = handoff_json(handoff.from, handoff.to), handoff.pttl
   end
-  local ok, found = pcall(live, KEYS[2], KEYS[3], now_ms)
-  if ok then
+  local found_ok, found = pcall(live, KEYS[2], KEYS[3], now_ms)
+  if found_ok then
     local best = nil
     for _, c in ipairs(found) do
-      if c[1] ~= me and (not best or c[2] > best[2] or (c[2] == best[2] and c[1] > best[1])) then
+      if c[1] ~= me and now_ms - c[3] < ttl
+          and (not best or c[2] > best[2] or (c[2] == best[2] and c[1] > best[1])) then
         best = c
       end
     end
@@ -341,7 +329,7 @@ return removed
 #:   {2, holder_identity, 0}     refused: the target already holds the lock
 #: The announcement {"event":"handoff","identity":<holder>,"fencing_token":<n>,"to":<target>}
 #: wakes the holder at once; it also finds the request at its next renewal (messages can be lost).
-#: A lease value over 4096 bytes (MAX_VALUE_BYTES of redis_lease.py) is not elector's: not parsed.
+#: A lease value over 4096 bytes (MAX_VALUE_BYTES of replies.py) is not elector's: not parsed.
 REQUEST_HANDOFF = (
     _LIB
     + """
@@ -408,12 +396,21 @@ return reply
 
 #: Observe: read the lock without contending.
 #:
-#: KEYS[1] lease key, KEYS[2] fencing counter key, KEYS[3] quiet-period key
-#: Returns {value_or_empty, pttl, counter_or_empty, quiet_pttl}
+#: KEYS[1] lease key, KEYS[2] fencing counter key, KEYS[3] quiet-period key, KEYS[4] meta hash
+#: Returns {value_or_empty, pttl, counter_or_empty, quiet_pttl, meta_protocol_or_empty}
+#: (meta_protocol "(none)" when the hash exists without one, "(not a hash)" for another type).
 OBSERVE = """
 local value = redis.call('GET', KEYS[1]) or ''
 local counter = redis.call('GET', KEYS[2]) or ''
-return {value, redis.call('PTTL', KEYS[1]), counter, redis.call('PTTL', KEYS[3])}
+local meta = ''
+if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 1 then
+  if redis.call('TYPE', KEYS[4])['ok'] == 'hash' then
+    meta = redis.call('HGET', KEYS[4], 'protocol') or '(none)'
+  else
+    meta = '(not a hash)'
+  end
+end
+return {value, redis.call('PTTL', KEYS[1]), counter, redis.call('PTTL', KEYS[3]), meta}
 """
 
 
@@ -427,6 +424,7 @@ class LockKeys:
         "fencing",
         "handoff",
         "lease",
+        "meta",
         "quiet",
         "server",
     )
@@ -445,59 +443,5 @@ class LockKeys:
         self.candidate_expiry = f"{prefix}:{tag}:candidates:expiry"
         #: The handoff in progress, {"from":..,"to":..} with PX = its window.
         self.handoff = f"{prefix}:{tag}:handoff"
-
-
-#: Redlock confirm: make this server's part of a majority grant carry the grant's fencing token.
-#:
-#: KEYS[1] lease key, KEYS[2] fencing counter key
-#: ARGV[1] this server's lease value from its ACQUIRE (owner check)
-#: ARGV[2] the grant's fencing token T (the highest any server of the majority issued; < 10^15)
-#: ARGV[3] the holder's identity, JSON-encoded, ARGV[4] the grant's secret owner token (hex)
-#: ARGV[5] the lock's announcement channel
-#: Returns {1, value} confirmed: the counter is at least T and the key holds `value` (same expiry)
-#:         {0, ""}    the key no longer holds ARGV[1] (expired, released, replaced): not confirmed
-#: Raising the counter is what keeps Redlock's tokens increasing: every later majority shares a
-#: server with this one, and that server now issues tokens above T. The value is rewritten to
-#: {"identity":..,"fencing_token":T,"token":<grant owner>} so every server of the majority holds
-#: the same value (one owner check for renew and release, one holder for observers). The expiry is
-#: kept (PX of the remaining PTTL: KEEPTTL would need 6.0+ and says the same).
-REDLOCK_CONFIRM = """
-local token = ARGV[2]
-if not string.match(token, '^%d+$') or string.len(token) > 15 then
-  return redis.error_reply('ERR elector: the fencing token must be an integer below 10^15')
-end
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return {0, ''}
-end
-local pttl = redis.call('PTTL', KEYS[1])
-if pttl <= 0 then
-  return {0, ''}
-end
-local last = redis.call('GET', KEYS[2])
-if last and (not string.match(last, '^%d+$') or string.len(last) > 15) then
-  return redis.error_reply('ERR elector: the fencing counter is not an integer below 10^15')
-end
-if not last or tonumber(last) < tonumber(token) then
-  redis.call('SET', KEYS[2], token)
-end
-local value = '{"identity":' .. ARGV[3] .. ',"fencing_token":' .. token .. ',"token":"' .. ARGV[4] .. '"}'
-redis.call('SET', KEYS[1], value, 'PX', pttl)
-redis.pcall('PUBLISH', ARGV[5],
-  '{"event":"acquired","identity":' .. ARGV[3] .. ',"fencing_token":' .. token .. '}')
-return {1, value}
-"""
-
-#: Redlock abandon: drop this server's part of a grant that did not win a majority, silently.
-#:
-#: KEYS[1] lease key
-#: ARGV[1] the lease value to drop (owner check)
-#: Returns 1 deleted, 0 not ours.
-#: No announcement, unlike RELEASE: after a split vote the contenders back off for a random time,
-#: and a "released" message would wake them all at once into the next split vote.
-REDLOCK_ABANDON = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  return 1
-end
-return 0
-"""
+        #: Protocol 2's facts beside the lease (a hash; see protocol.py): protocol, replid, ttl.
+        self.meta = f"{prefix}:{tag}:meta"

@@ -26,8 +26,9 @@ from elector.backend.cluster import cluster_hub_client, cluster_lease_backend, m
 from elector.backend.connection import RedisSettings, make_client, redact_url
 from elector.backend.hub import EventHub
 from elector.backend.pipeline import ScriptBatcher
-from elector.backend.redis_lease import RedisLeaseBackend, _translate
+from elector.backend.redis_lease import RedisLeaseBackend
 from elector.backend.redlock import RedlockLeaseBackend
+from elector.backend.replies import _translate
 from elector.lease import LeaseBackend
 
 
@@ -143,4 +144,3 @@ class LeaseConnections:
             with contextlib.suppress(Exception, TimeoutError):
                 async with asyncio.timeout(within_s):
                     await close()
-

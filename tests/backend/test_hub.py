@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import time
@@ -372,3 +373,79 @@ async def test_closing_the_hub_during_a_connect_fails_the_waiting_subscribers(
         with pytest.raises(LeaseBackendError) as info:  # not a CancelledError: the caller lives on
             await task
         assert info.value.kind is BackendErrorKind.CONNECTION
+
+
+async def test_a_link_broken_right_after_each_subscribe_backs_off_exponentially(tcp_proxy: TcpProxy) -> None:
+    """An idle-timeout proxy drops the link right after every SUBSCRIBE (issue item 13).
+
+    The subscriber re-subscribes as fast as it can (the worst election); the hub, not the caller,
+    must space the connections out: the gaps between connections grow, and over 6 s at most a
+    handful are opened (before the back-off: one every few ms, hundreds).
+    """
+    client = make_client(RedisSettings(url=tcp_proxy.url, request_timeout_s=0.5), client_name=HUB_CLIENT)
+    hub = EventHub(client, keepalive_s=60.0, request_timeout_s=0.5, stable_link_s=2.0, max_backoff_s=30.0)
+    loop = asyncio.get_running_loop()
+    connected_at: list[float] = []
+    refused = 0
+    try:
+        deadline = loop.time() + 6.0
+        while loop.time() < deadline:
+            try:
+                subscription = await hub.subscribe("elector:{jobs}:events")
+            except LeaseBackendError:
+                refused += 1
+                await asyncio.sleep(0.01)
+                continue
+            connected_at.append(loop.time())
+            tcp_proxy.cut()  # the proxy drops the link as soon as it is subscribed
+            tcp_proxy.restore()
+            with pytest.raises(LeaseBackendError):
+                await subscription.next_event(timeout_s=5.0)
+            await subscription.close()
+    finally:
+        await hub.aclose()
+        await client.aclose()
+    gaps = [b - a for a, b in itertools.pairwise(connected_at)]
+    # Cooldowns 0, 0.25-0.5, 0.5-1, 1-2, 2-4 s: at most 6 links fit in 6 s, whatever the load.
+    assert 2 <= len(connected_at) <= 6, (connected_at, refused)
+    assert hub.failures_in_a_row >= 4
+    assert gaps[-1] >= 0.5  # the later cooldowns are the longer ones
+    assert refused > 0  # callers were refused at once during the cooldowns, without a connection
+
+
+async def test_the_back_off_starts_over_after_a_link_stayed_up(tcp_proxy: TcpProxy) -> None:
+    client = make_client(RedisSettings(url=tcp_proxy.url, request_timeout_s=0.5), client_name=HUB_CLIENT)
+    hub = EventHub(client, keepalive_s=60.0, request_timeout_s=0.5, stable_link_s=0.5, max_backoff_s=30.0)
+    try:
+        for _ in range(3):  # three short-lived links: failures pile up
+            while True:
+                try:
+                    subscription = await hub.subscribe("elector:{jobs}:events")
+                    break
+                except LeaseBackendError:
+                    await asyncio.sleep(0.05)
+            tcp_proxy.cut()
+            tcp_proxy.restore()
+            with pytest.raises(LeaseBackendError):
+                await subscription.next_event(timeout_s=5.0)
+            await subscription.close()
+        assert hub.failures_in_a_row == 3
+        while True:
+            try:
+                subscription = await hub.subscribe("elector:{jobs}:events")
+                break
+            except LeaseBackendError:
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.8)  # this link stays up longer than stable_link_s
+        tcp_proxy.cut()
+        tcp_proxy.restore()
+        with pytest.raises(LeaseBackendError):
+            await subscription.next_event(timeout_s=5.0)
+        await subscription.close()
+        assert hub.failures_in_a_row == 1
+        # ... and a first failure after a good link costs no cooldown: re-subscribed at once.
+        again = await hub.subscribe("elector:{jobs}:events")
+        await again.close()
+    finally:
+        await hub.aclose()
+        await client.aclose()
