@@ -75,6 +75,9 @@ MIN_ATTEMPT_SPACING_S = 0.005
 CLOCK_RESOLUTION_S = 1e-4
 
 
+#: A rival must have refreshed its entry this share of a ttl after we first noticed it.
+RIVAL_REFRESH_SLACK = 0.05
+
 #: With renewal jitter on, the first renewal of a term comes 0-90% of an interval early.
 FIRST_RENEWAL_SPREAD = 0.9
 
@@ -455,7 +458,12 @@ class Election:
             return None
         if self._rival_seen_since is None:
             self._rival_seen_since = now
-        settled = now - self._rival_seen_since >= self._preempt_after_s
+        watched_s = now - self._rival_seen_since
+        # It must also have refreshed its entry since we first noticed it, by more than the two
+        # clocks can disagree: a pod that registered once and died can still look "seen within
+        # a ttl" by a few ms when the dwell ends (its age is on Redis's clock, ours on our own).
+        refreshed = rival.last_seen_ms_ago / 1000 < watched_s - RIVAL_REFRESH_SLACK * self._timing.ttl_s
+        settled = watched_s >= self._preempt_after_s and refreshed
         if settled and now - self._led_since >= self._preempt_after_s:
             self._pending_handoff_to = rival.identity
             return StepDownReason.PREEMPTED

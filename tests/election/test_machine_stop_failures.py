@@ -284,3 +284,26 @@ async def test_a_failed_stop_on_preemption_leaves_the_lapsed_lease_to_the_rival(
     assert first_to == "b"  # no handoff key without a release: a stood back for the rival
     assert first_at >= preempted.at + (TTL_S - 1.0)  # only once the unreleased lease lapsed
     assert withheld.at >= preempted.at
+
+
+async def test_a_rival_that_never_refreshed_since_it_was_noticed_is_no_reason_to_yield(store, runs) -> None:
+    a = Run(store, "a")
+    runs.append(a)
+    noticed_at: list[float] = []
+    renew = a.backend.renew
+
+    async def renew_with_a_dead_rival(lease: Lease, *, priority: int = 0) -> Renewed:
+        # It registered once, just as we first saw it, and died. Its age is on Redis's clock,
+        # 5 ms behind ours: when the dwell ends it still looks seen within the ttl.
+        result = await renew(lease, priority=priority)
+        assert isinstance(result, Renewed)
+        if not noticed_at:
+            noticed_at.append(now())
+        age_ms = max(0, round((now() - noticed_at[0]) * 1000) - 5)
+        rival = Candidate("ghost", priority=10, last_seen_ms_ago=age_ms)
+        return Renewed(handoff=result.handoff, best_rival=rival)
+
+    a.backend.renew = renew_with_a_dead_rival  # type: ignore[method-assign]
+    await asyncio.sleep(4 * TTL_S)
+    assert all(o.step_down_reason is None for o in a.outcomes)
+    assert a.election.status().is_leader
