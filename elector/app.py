@@ -272,6 +272,8 @@ class Daemon:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.exit_code = EXIT_OK
         self._signals_seen = 0
+        self._linger_cut = asyncio.Event()
+        self._lingering = False
         self._tasks: list[asyncio.Task[None]] = []
         self._reaper: OrphanReaper | None = None
         self.locks: list[LockElection] = []
@@ -361,6 +363,9 @@ class Daemon:
             self.log.info("shutting_down", signal=signame)
             for lock in self.locks:
                 lock.election.stop()
+        elif self._lingering:
+            # The leases are released already: the second signal only ends the linger.
+            self._linger_cut.set()
         else:
             self.log.warning("exiting_now", signal=signame, detail="second signal: not waiting for release")
             self.exit_code = EXIT_FATAL
@@ -427,6 +432,7 @@ class Daemon:
                     await self.exec_mode.close()
             if self._reaper is not None:
                 await self._reaper.stop()
+            await self._linger()
             if install_signal_handlers:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
@@ -440,6 +446,20 @@ class Daemon:
             await self.redis.aclose(within_s=close_within_s)
         self.log.info("stopped", exit_code=self.exit_code)
         return self.exit_code
+
+    async def _linger(self) -> None:
+        """Keep HTTP up a while after the leases were released, for Prometheus's last scrape.
+
+        The shutdown step-down is counted as the daemon stops; without a scrape after it, rolling
+        updates (the most common leader change) never show up in elector_step_downs_total.
+        """
+        linger_s = self.settings.shutdown_linger_s
+        if linger_s <= 0 or self._signals_seen >= 2:
+            return
+        self.log.info("lingering", seconds=linger_s, detail="serving final metrics; a second signal ends it")
+        self._lingering = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._linger_cut.wait(), timeout=linger_s)
 
     async def _guarded(self, lock: LockElection) -> None:
         try:

@@ -250,6 +250,17 @@ def cli() -> None:
     help="Exit (code 3) after losing leadership instead of contending again.",
 )
 @click.option(
+    "--shutdown-linger",
+    type=DURATION,
+    default="0s",
+    show_default=True,
+    envvar=_envvar("shutdown-linger"),
+    show_envvar=True,
+    help="After a graceful shutdown has released the leases, keep serving HTTP this long (not "
+    "ready, not leader) so that Prometheus scrapes the final counters, such as the shutdown "
+    "step-down. Set it to the scrape interval; a second signal cuts it short.",
+)
+@click.option(
     "--redis-cluster",
     is_flag=True,
     envvar=_envvar("redis-cluster"),
@@ -322,6 +333,7 @@ def run(
     log_format: str,
     log_level: str,
     exit_on_loss: bool,
+    shutdown_linger: float,
     redis_cluster: bool,
     redlock_urls: tuple[str, ...],
     priority: int,
@@ -382,6 +394,7 @@ def run(
             log_format=log_format,
             log_level=log_level.lower(),
             exit_on_loss=exit_on_loss,
+            shutdown_linger_s=shutdown_linger,
         )
     except SettingsError as exc:
         raise _invalid(exc) from None

@@ -45,6 +45,10 @@ class SettingsError(ValueError):
         self.setting = setting
 
 
+#: Longest --shutdown-linger: longer than any sane scrape interval, short of a stuck rollout.
+MAX_SHUTDOWN_LINGER_S = 300.0
+
+
 def parse_duration(text: str) -> float:
     """Seconds from a Go-style duration: `10s`, `500ms`, `1m`, `1m30s`, `1.5s`.
 
@@ -184,6 +188,8 @@ class Settings:
     logs: LogSettings
     #: Exit (code 3) after losing leadership instead of contending again.
     exit_on_loss: bool = False
+    #: After a graceful shutdown, how long HTTP keeps serving (final scrapes), seconds.
+    shutdown_linger_s: float = 0.0
     #: Higher wins: a leader yields to a live candidate with a higher priority.
     priority: int = 0
     #: Where to keep the current state for sidecars; `{lock}` is replaced by the lock's name.
@@ -310,6 +316,7 @@ def build_settings(
     command: Sequence[str] = (),
     kill_grace_s: float | None = None,
     on_child_exit: str = "release",
+    shutdown_linger_s: float = 0.0,
 ) -> Settings:
     """Assemble and check every setting; raises SettingsError naming the first bad one."""
     locks = _collect_locks(lock, locks_file)
@@ -402,6 +409,12 @@ def build_settings(
         logs = LogSettings(format=log_format, level=log_level)  # type: ignore[arg-type]
     except ValueError as exc:
         raise SettingsError("--log-format/--log-level", str(exc)) from None
+    if not 0 <= shutdown_linger_s <= MAX_SHUTDOWN_LINGER_S:
+        raise SettingsError(
+            "--shutdown-linger",
+            f"must be between 0s and {MAX_SHUTDOWN_LINGER_S:g}s (a scrape interval), "
+            f"got {shutdown_linger_s * 1000:g}ms",
+        )
     return Settings(
         locks=locks,
         identity=identity,
@@ -410,6 +423,7 @@ def build_settings(
         http=http,
         logs=logs,
         exit_on_loss=exit_on_loss,
+        shutdown_linger_s=shutdown_linger_s,
         priority=priority,
         leader_file=leader_file,
         exec=exec_settings,

@@ -153,6 +153,33 @@ def test_sigterm_of_the_leader_hands_over_without_waiting_for_the_ttl(daemon, se
     assert released["lock"] == "jobs" and released["identity"] == "a"
 
 
+def test_the_shutdown_step_down_is_scraped_while_the_daemon_lingers(daemon, seeded) -> None:
+    a = daemon("a", "--shutdown-linger", "30s")
+    wait_until(a.is_leader, timeout_s=3)
+    a.signal(signal.SIGTERM)
+    # Released, then still serving: the final counters can be scraped.
+    wait_until(lambda: "lingering" in [line["event"] for line in a.log_lines()], timeout_s=3)
+    text = a.metrics()
+    assert metric(text, "elector_step_downs_total", lock="jobs", reason="shutdown") == 1
+    assert metric(text, "elector_is_leader", lock="jobs") == 0
+    assert seeded.get("elector:{jobs}:lease") is None  # the lease went before the linger
+    assert a.process is not None and a.process.poll() is None  # lingering, not gone
+    lingered_from = time.monotonic()
+    a.signal(signal.SIGTERM)  # a second signal ends it at once; the lease was released: exit 0
+    assert a.wait(timeout_s=3) == 0
+    assert time.monotonic() - lingered_from < 2.0
+
+
+def test_a_shutdown_linger_out_of_range_is_refused(daemon, seeded, redis_url: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "elector", "run", "--redis-url", redis_url, "--lock", "jobs",
+         "--shutdown-linger", "10m"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "--shutdown-linger" in result.stderr and "300s" in result.stderr
+
+
 def test_a_follower_exits_at_once_on_sigterm(daemon, seeded) -> None:
     a = daemon("a")
     wait_until(a.is_leader, timeout_s=3)

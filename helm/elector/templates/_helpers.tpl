@@ -80,8 +80,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if and .Values.podDisruptionBudget.enabled (ne (toString .Values.podDisruptionBudget.minAvailable) "") (ne (toString .Values.podDisruptionBudget.maxUnavailable) "") }}
 {{- fail "podDisruptionBudget: set only one of minAvailable and maxUnavailable" }}
 {{- end }}
-{{- if lt (int .Values.workload.terminationGracePeriodSeconds) (add (int .Values.sidecar.preStopSleepSeconds) 10 | int) }}
-{{- fail "workload.terminationGracePeriodSeconds must be at least sidecar.preStopSleepSeconds + 10, so the leader drains its work and releases the lease before it is killed" }}
+{{- if lt (int .Values.workload.terminationGracePeriodSeconds) (add (int .Values.sidecar.preStopSleepSeconds) (int (.Values.sidecar.shutdownLingerSeconds | default 0)) 10 | int) }}
+{{- fail "workload.terminationGracePeriodSeconds must be at least sidecar.preStopSleepSeconds + sidecar.shutdownLingerSeconds + 10, so the leader drains its work, releases the lease and is scraped once more before it is killed" }}
 {{- end }}
 {{- end }}
 

@@ -125,6 +125,10 @@ charts get them too. Each message names the setting (and never prints a URL, whi
     - name: ELECTOR_LEADER_FILE
       value: {{ . | quote }}
     {{- end }}
+    {{- if gt (int ($v.sidecar.shutdownLingerSeconds | default 0)) 0 }}
+    - name: ELECTOR_SHUTDOWN_LINGER
+      value: {{ printf "%ds" (int $v.sidecar.shutdownLingerSeconds) | quote }}
+    {{- end }}
     {{- if gt (int ($v.elector.minReplicasAck | default 0)) 0 }}
     - name: ELECTOR_MIN_REPLICAS_ACK
       value: {{ int $v.elector.minReplicasAck | toString | quote }}
