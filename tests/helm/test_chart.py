@@ -245,7 +245,8 @@ def test_grace_period_covers_prestop_and_release(render: Render) -> None:
 
 def test_the_shutdown_linger_reaches_the_sidecar_and_the_grace_period_covers_it(render: Render) -> None:
     assert "ELECTOR_SHUTDOWN_LINGER" not in env_of(container(render({}), "elector"))
-    docs = render({"sidecar": {"shutdownLingerSeconds": 30}, "workload": {"terminationGracePeriodSeconds": 45}})
+    values = {"sidecar": {"shutdownLingerSeconds": 30}, "workload": {"terminationGracePeriodSeconds": 45}}
+    docs = render(values)
     assert env_of(container(docs, "elector"))["ELECTOR_SHUTDOWN_LINGER"] == "30s"
     with pytest.raises(HelmRenderError, match="shutdownLingerSeconds"):
         render({"sidecar": {"shutdownLingerSeconds": 30}})  # 30 s grace < 5 + 30 + 10
