@@ -23,9 +23,11 @@ missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 tls_redis_ok "${ELECTOR_REDIS_TLS_SERVER:-/usr/bin/redis-server}" || missing+=(redis-server)
 # The image tests (tests/image/test_image_run.py) build and run the Dockerfile with rootful podman
-# and runc (crun refuses this host's cgroups) on a debootstrap-made stand-in base image.
+# and runc (crun refuses this host's cgroups) on a debootstrap-made stand-in base image. The model
+# check of the lease protocol (tests/model) runs spin, and gcc builds spin's verifier.
 for tool in podman:podman buildah:buildah runc:runc debootstrap:debootstrap newuidmap:uidmap \
-    fuse-overlayfs:fuse-overlayfs slirp4netns:slirp4netns; do
+    fuse-overlayfs:fuse-overlayfs slirp4netns:slirp4netns \
+    spin:spin gcc:gcc; do
     command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool#*:}")
 done
 if [[ ${#missing[@]} -eq 0 ]]; then
@@ -34,7 +36,8 @@ fi
 if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
     say "error: missing system packages: ${missing[*]}. promtool (package prometheus) tests the
     Prometheus alerting rules; a redis-server built with TLS (Debian's redis-server) runs the TLS
-    tests; podman, runc and debootstrap build and run the container image. Install them, then run make test again:
+    tests; podman, runc and debootstrap build and run the container image; spin and gcc check the
+    model of the lease protocol. Install them, then run make test again:
     sudo apt-get install -y --no-install-recommends ${missing[*]}"
     exit 1
 fi
