@@ -7,11 +7,13 @@ file small.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
 from elector.redis_server import RedisServerNotFound, RedisServerProcess, find_redis_server
 from tests.faults.options import add_options as add_fault_options
+from tests.support.previous_release import PreviousRelease, PreviousReleaseError, build_previous_release
 from tests.support.tcp_proxy import TcpProxy
 
 
@@ -49,3 +51,13 @@ async def tcp_proxy(redis_server: RedisServerProcess) -> AsyncIterator[TcpProxy]
         yield proxy
     finally:
         await proxy.stop()
+
+
+@pytest.fixture(scope="session")
+def previous_release() -> PreviousRelease:
+    """The last release's `elector` in a venv of its own, built from git history on first use."""
+    try:
+        return build_previous_release(Path(__file__).resolve().parent.parent)
+    except PreviousReleaseError as exc:  # an error, never a skip: see tests/support/previous_release.py
+        problem = str(exc)
+    pytest.fail(problem, pytrace=False)
