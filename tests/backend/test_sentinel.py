@@ -22,6 +22,7 @@ from elector.backend import (
     redact_url,
 )
 from elector.backend.sentinel import SentinelTarget, parse_sentinel_url
+from elector.election import ElectionTiming
 from elector.lease import Granted, LeaseBackendError, Renewed
 from tests.support.daemon import DaemonProcess, wait_until
 from tests.support.seed import seed_used_lock_async
@@ -191,19 +192,36 @@ def test_daemon_keeps_its_lease_across_a_master_crash(deployment: SentinelSet, t
         a.start().wait_http()
         wait_until(a.is_leader, timeout_s=15)  # a new lock: one ttl of quiet period first
         b.start().wait_http()
-        token = (a.leader() or {}).get("fencing_token")
         time.sleep(0.3)
+        before = a.leader() or {}
+        token = before.get("fencing_token")
         killed_at = time.monotonic()
         deployment.kill_master()
+        promoted_s = time.monotonic() - killed_at
         both_s, b_led_at = _watch_overlap(a, b, seconds=6.0)
         kept = a.is_leader() and (a.leader() or {}).get("fencing_token") == token
+        # Whether the lease CAN be kept depends on how long Sentinel took to promote (2.3 s here
+        # usually, 3.8 s on a loaded machine): pod-a steps down at its renew deadline, which is
+        # validity - (ttl - margin - deadline) after the kill; a renewal on the new master needs
+        # the promotion, the watcher's move (it polls every 0.9 s at this ttl), a retry (0.2 s)
+        # and one round trip: 1.5 s of room for all but the promotion.
+        timing = ElectionTiming.from_ttl(6.0)
+        validity_left_s = (before.get("lease_remaining_ms") or 0) / 1000
+        deadline_left_s = validity_left_s - (timing.validity_s - timing.renew_deadline_s)
+        must_keep = promoted_s + 1.5 < deadline_left_s
         print(
-            f"\nmaster SIGKILL, ttl 6s: pod-a kept its lease: {kept}; pod-b led: {b_led_at is not None}; "
-            f"checked for {time.monotonic() - killed_at:.1f}s"
+            f"\nmaster SIGKILL, ttl 6s: promoted after {promoted_s:.2f}s, renew deadline "
+            f"{deadline_left_s:.2f}s after the kill; pod-a kept its lease: {kept} (required: {must_keep}); "
+            f"pod-b led: {b_led_at is not None}; checked for {time.monotonic() - killed_at:.1f}s"
         )
-        assert both_s == 0.0
-        assert kept, a.logs_text()[-3000:]
-        assert b_led_at is None
+        assert both_s == 0.0  # the safety property holds whatever the promotion took
+        if must_keep:
+            assert kept, a.logs_text()[-3000:]
+            assert b_led_at is None
+        else:  # a correct step-down: then someone leads again, with a higher token
+            wait_until(lambda: a.is_leader() or b.is_leader(), timeout_s=15)
+            leader = a.leader() if a.is_leader() else b.leader()
+            assert (leader or {}).get("fencing_token", 0) >= (token or 0)
     finally:
         a.stop()
         b.stop()
