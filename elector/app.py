@@ -359,13 +359,13 @@ class Daemon:
     def request_stop(self, signame: str = "request") -> None:
         """First call: stop gracefully (release the leases). Second: stop at once."""
         self._signals_seen += 1
-        if self._signals_seen == 1:
+        if self._lingering:
+            # The leases are released already: any signal now only ends the linger.
+            self._linger_cut.set()
+        elif self._signals_seen == 1:
             self.log.info("shutting_down", signal=signame)
             for lock in self.locks:
                 lock.election.stop()
-        elif self._lingering:
-            # The leases are released already: the second signal only ends the linger.
-            self._linger_cut.set()
         else:
             self.log.warning("exiting_now", signal=signame, detail="second signal: not waiting for release")
             self.exit_code = EXIT_FATAL
@@ -420,9 +420,11 @@ class Daemon:
             asyncio.create_task(self._guarded(lock), name=f"election:{lock.election.lock}")
             for lock in self.locks
         ]
+        cancelled = False
         try:
             await asyncio.gather(*self._tasks)
         except asyncio.CancelledError:
+            cancelled = True
             if self._signals_seen < 2:
                 raise
         finally:
@@ -432,7 +434,9 @@ class Daemon:
                     await self.exec_mode.close()
             if self._reaper is not None:
                 await self._reaper.stop()
-            await self._linger()
+            if not cancelled:
+                with contextlib.suppress(asyncio.CancelledError):  # clean-up below must still run
+                    await self._linger()
             if install_signal_handlers:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)

@@ -45,11 +45,24 @@ import sys
 import time
 from collections.abc import Sequence
 
-_CLOCK_ID = getattr(time, "CLOCK_BOOTTIME", None)
+
+def _boottime_clock_id() -> int | None:
+    """CLOCK_BOOTTIME's id, or None where it is missing or refused (as election/clock.py does)."""
+    clock_id = getattr(time, "CLOCK_BOOTTIME", None)
+    if clock_id is None:
+        return None
+    try:
+        time.clock_gettime(clock_id)
+    except OSError:
+        return None
+    return int(clock_id)
+
+
+_CLOCK_ID = _boottime_clock_id()
 
 
 def boottime() -> float:
-    """CLOCK_BOOTTIME seconds (the daemon's election clock); the monotonic clock off Linux."""
+    """CLOCK_BOOTTIME seconds (the daemon's election clock); the monotonic clock without it."""
     return time.monotonic() if _CLOCK_ID is None else time.clock_gettime(_CLOCK_ID)
 
 
@@ -269,7 +282,12 @@ class Keeper:
         _prctl(_PR_SET_CHILD_SUBREAPER, 1)
         if _prctl(_PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL) and os.getppid() != self.parent_pid:
             self._parent_gone = True  # it died before the death signal was armed
-        defaults = [signal.SIGTERM, PARENT_DEATH_SIGNAL, signal.SIGCHLD, signal.SIGINT, signal.SIGHUP]
+        # Python itself ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across
+        # exec: reset them as subprocess does, or `yes | head` in the command would spin on EPIPE.
+        defaults = [
+            signal.SIGTERM, PARENT_DEATH_SIGNAL, signal.SIGCHLD, signal.SIGINT, signal.SIGHUP,
+            signal.SIGPIPE, signal.SIGXFSZ,
+        ]  # fmt: skip
         self.child_pid = os.posix_spawnp(
             self.command[0], self.command, os.environ, setsigdef=defaults, setsigmask=()
         )

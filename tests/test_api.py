@@ -234,6 +234,27 @@ async def test_a_step_down_waits_for_the_body_up_to_stop_work_s(
         assert "still running 0.250s (stop_work_s)" in caplog.text
 
 
+async def test_with_stop_work_s_zero_a_body_that_unwinds_at_once_is_still_released(spawn, make, raw) -> None:
+    stopped: list[StepDownReason] = []
+
+    async def on_stopped_leading(reason: StepDownReason) -> None:
+        stopped.append(reason)  # returns at once, but runs in the callbacks' own task
+
+    a = make("a", stop_work_s=0, on_stopped_leading=on_stopped_leading)
+    await a.start()
+    leader = spawn(a)  # unwinds as soon as it is cancelled, without awaiting anything
+    await wait_entered(leader)
+    b = make("b")
+    await b.start()
+    follower = spawn(b)
+    await asyncio.sleep(0.1)
+    await a.aclose()
+    await wait_entered(follower)
+    assert a.releases_withheld == 0  # released, not left to lapse
+    assert follower.entered_at - leader.unwound_at < a.timing.ttl_s / 2  # handed over at once
+    assert stopped == [StepDownReason.SHUTDOWN]
+
+
 async def test_a_body_that_returns_resigns_and_the_other_elector_takes_over(spawn, make, raw) -> None:
     a, b = make("a"), make("b")
     await a.start()

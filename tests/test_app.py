@@ -241,6 +241,17 @@ def test_exit_on_loss_exits_with_code_3(daemon, seeded) -> None:
     assert stepped["reason"] == "lost"
 
 
+def test_a_first_signal_ends_the_linger_of_a_daemon_exiting_by_itself(daemon, seeded) -> None:
+    a = daemon("a", "--exit-on-loss", "--shutdown-linger", "60s")
+    wait_until(a.is_leader, timeout_s=3)
+    seeded.delete("elector:{jobs}:lease")
+    wait_until(lambda: "lingering" in [line["event"] for line in a.log_lines()], timeout_s=3)
+    signalled_at = time.monotonic()
+    a.signal(signal.SIGTERM)  # the kubelet's, say: it must not wait for the whole linger
+    assert a.wait(timeout_s=5) == 3
+    assert time.monotonic() - signalled_at < 3.0
+
+
 def test_logs_are_json_with_context_and_quiet_at_info(daemon, seeded) -> None:
     a = daemon("a")
     wait_until(a.is_leader, timeout_s=3)

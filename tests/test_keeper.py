@@ -263,6 +263,15 @@ def test_the_keeper_exits_with_the_commands_code_or_its_signal(
     assert killed.process.wait(timeout=10) == -signal.SIGSEGV, killed.log_text()
 
 
+def test_the_command_starts_with_no_signal_ignored(keepers: list[Started], tmp_path: Path) -> None:
+    # Python ignores SIGPIPE and SIGXFSZ; a command must not inherit that (as with subprocess).
+    keeper = start_keeper(keepers, tmp_path, f"grep SigIgn /proc/$$/status > {tmp_path}/ign", valid_in_s=60)
+    assert keeper.process.wait(timeout=10) == 0
+    ignored = int((tmp_path / "ign").read_text().split()[1], 16)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        assert not ignored & (1 << (sig - 1)), f"{sig.name} is ignored in the command"
+
+
 def test_the_groups_sigterm_reaches_the_command_and_the_keeper_outlives_it(
     keepers: list[Started], tmp_path: Path
 ) -> None:

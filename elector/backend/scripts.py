@@ -143,10 +143,15 @@ end
 local quiet = redis.call('PTTL', KEYS[3])
 if quiet > 0 then
   -- Started by a contender that knew a shorter ttl (or by protocol 1): one that saw a longer
-  -- ttl in use stretches it (the value is the start, in server ms, in both protocols).
+  -- ttl in use, or the meta hash's record of one, stretches it (the value is the start, in
+  -- server ms, in both protocols).
+  local longest = seen_ttl
+  if meta then
+    longest = math.max(longest, meta.ttl)
+  end
   local started = tonumber(redis.call('GET', KEYS[3]))
-  if started and seen_ttl > 0 and started + seen_ttl - now_ms > quiet then
-    quiet = started + seen_ttl - now_ms
+  if started and longest > 0 and started + longest - now_ms > quiet then
+    quiet = started + longest - now_ms
     redis.call('PEXPIRE', KEYS[3], quiet)
   end
   return {2, '', quiet}

@@ -228,7 +228,8 @@ class Election:
                     stand_back_s, self._resign_stand_back_s = self._resign_stand_back_s, None
                     if self._state is State.LEADER:
                         await self._begin_step_down(StepDownReason.RESIGNED, release=True)
-                        self._contend_not_before = self._clock() + stand_back_s
+                        # max: a withheld release has already set the later time the lease lapses.
+                        self._contend_not_before = max(self._contend_not_before, self._clock() + stand_back_s)
                 outcome = await self.step()
                 if outcome.next_cycle_at is None:
                     continue
