@@ -5,6 +5,7 @@ Test modules cannot import this file (tests/conftest.py shadows the name): every
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -106,3 +107,14 @@ def validate_leader_election() -> Callable[[dict[str, Any]], None]:
         validator.validate(doc)
 
     return _validate
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    """The promtool binary (Debian's prometheus package), for the alerting rules' tests."""
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.fail(
+            "promtool is missing: run `bash scripts/system-deps.sh` (as root; installs Debian's prometheus)"
+        )
+    return path

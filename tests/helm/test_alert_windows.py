@@ -9,7 +9,6 @@ on the fifth transition) makes them fail.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -18,16 +17,6 @@ import pytest
 HERE = Path(__file__).resolve().parent
 RULES = HERE.parents[1] / "helm" / "elector" / "files" / "alerts.rules.yaml"
 WINDOWS = HERE / "alerts_windows.test.yaml"
-
-
-@pytest.fixture(scope="module")
-def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.fail(
-            "promtool is missing: run `bash scripts/system-deps.sh` (as root; installs Debian's prometheus)"
-        )
-    return path
 
 
 def _run(promtool: str, directory: Path) -> subprocess.CompletedProcess[str]:

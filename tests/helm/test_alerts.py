@@ -32,16 +32,6 @@ ALERTS = {
 ON_ANY_EVENT = {"ElectorReleaseWithheld", "ElectorFencingTokenRegressed"}
 
 
-@pytest.fixture(scope="module")
-def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.fail(
-            "promtool is missing: run `bash scripts/system-deps.sh` (as root; installs Debian's prometheus)"
-        )
-    return path
-
-
 def run_promtool(promtool: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([promtool, *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
 

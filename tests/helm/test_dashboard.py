@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -150,13 +149,8 @@ def test_the_layout_has_unique_ids_and_no_overlapping_panels(dashboard: dict[str
 
 
 def test_every_query_is_valid_promql(
-    dashboard: dict[str, Any], panels: list[dict[str, Any]], tmp_path: Path
+    dashboard: dict[str, Any], panels: list[dict[str, Any]], tmp_path: Path, promtool: str
 ) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.fail(
-            "promtool is missing: run `bash scripts/system-deps.sh` (as root; installs Debian's prometheus)"
-        )
     queries = [expr for panel in panels for expr in exprs(panel)]
     queries += [
         re.sub(r"^label_values\((.*), \w+\)$", r"\1", variable["definition"])
