@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from elector.redis_server import RedisServerProcess, free_tcp_port
+from elector.testing.redis_server import RedisServerProcess, free_tcp_port
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from bench.common import REPO, BenchError
 from bench.etcd import EtcdInstall, EtcdServer, ensure_etcd
-from elector.redis_server import find_redis_server
+from elector.testing.redis_server import find_redis_server
 
 RUNTIME_VENV = Path("/tmp/elector-bench-rt")
 #: What a container image copies to build elector (no tests, no dev extras).

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.common import BenchError, spawn, stop, wait_until
-from elector.redis_server import free_tcp_port
+from elector.testing.redis_server import free_tcp_port
 
 PACKAGES = ("etcd-server", "etcd-client")
 

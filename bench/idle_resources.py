@@ -38,7 +38,7 @@ IMPORT_STEPS = [
     ("prometheus_client", "import prometheus_client"),
     ("structlog", "import structlog"),
     ("click", "import click"),
-    ("elector (cli, app and the rest)", "import elector.cli, elector.app"),
+    ("elector (cli, app and the rest)", "import elector.cli.main, elector.daemon.service"),
 ]
 _IMPORT_PROBE = """
 import json, sys
@@ -185,7 +185,9 @@ def run(ctx: Context) -> BenchResult:
 
 def _extra_modules_note(flavours: dict[str, str]) -> str:
     """Which modules the dev venv loads on top of the runtime-only one (e.g. rich via structlog.dev)."""
-    probe = "import sys, json, elector.cli, elector.app; print(json.dumps(sorted(sys.modules)))"
+    probe = (
+        "import sys, json, elector.cli.main, elector.daemon.service; print(json.dumps(sorted(sys.modules)))"
+    )
     loaded = {
         flavour: set(json.loads(subprocess.run([python, "-c", probe], capture_output=True, text=True,
                                                timeout=60, check=True).stdout))
@@ -194,7 +196,8 @@ def _extra_modules_note(flavours: dict[str, str]) -> str:
     dev, runtime = loaded.values()
     extra = sorted({name.split(".")[0] for name in dev - runtime})
     return (
-        f"After importing elector.cli and elector.app the dev venv has {len(dev)} modules loaded, the "
+        f"After importing elector.cli.main and elector.daemon.service the dev venv has {len(dev)} modules "
+        f"loaded, the "
         f"runtime-only venv {len(runtime)}; the dev venv's extra top-level packages: "
         f"{', '.join(extra) or 'none'} (structlog.dev imports rich when it is installed)."
     )

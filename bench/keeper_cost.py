@@ -1,4 +1,5 @@
-"""keeper_cost: what exec mode's keeper (elector/keeper.py) costs, in memory and in handoff time.
+"""keeper_cost: what exec mode's keeper (elector/daemon/execmode/keeper.py) costs, in memory and in
+handoff time.
 
     python -m bench.keeper_cost [--runs N]
 
@@ -28,8 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from elector.keeper import KeeperLink, boottime
-from elector.supervisor import ChildSupervisor
+from elector.daemon.execmode.keeper import KeeperLink, boottime
+from elector.daemon.execmode.supervisor import ChildSupervisor
 
 #: Records the command's first moment (CLOCK_BOOTTIME, the keeper's clock), then waits for TERM.
 COMMAND = (

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from elector.leader_file import LeaderFileWriter
+from elector.daemon.leader_file import LeaderFileWriter
 
 ELECTOR = Path(sys.executable).with_name("elector")
 

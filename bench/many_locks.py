@@ -39,7 +39,7 @@ from bench import common
 from bench.common import BenchError, BenchResult, RedisLab, Table, Target, percentile, read_json_log
 from bench.context import Context
 from bench.idle_resources import cpu_seconds, status_kib
-from elector.redis_server import free_tcp_port
+from elector.testing.redis_server import free_tcp_port
 
 NAME = "many_locks"
 TTL_S = 10.0
@@ -324,8 +324,8 @@ def run(ctx: Context) -> BenchResult:
 
 async def hold(args: argparse.Namespace, *, locks: list[str]) -> None:
     from elector.backend import RedisLeaseBackend, RedisSettings, make_client
-    from elector.backend.hub import EventHub
     from elector.backend.pipeline import ScriptBatcher
+    from elector.backend.pubsub.hub import EventHub
     from elector.election import CycleOutcome, Election, ElectionHooks, ElectionTiming, OutcomeKind
 
     timing = ElectionTiming.from_ttl(args.ttl)

@@ -19,8 +19,8 @@ from typing import Any
 import redis
 
 from bench.common import REPO
-from elector.backend import scripts
-from elector.redis_server import RedisServerProcess
+from elector.backend.lua import lease as scripts
+from elector.testing.redis_server import RedisServerProcess
 
 PREVIOUS_RELEASE = "cbaaac6"
 RUNS = 7
@@ -30,7 +30,7 @@ KEYS = scripts.LockKeys("bench")
 
 def previous_scripts() -> dict[str, Any]:
     source = subprocess.run(
-        ["git", "show", f"{PREVIOUS_RELEASE}:elector/backend/scripts.py"],
+        ["git", "show", f"{PREVIOUS_RELEASE}:elector/backend/lua/lease.py"],
         cwd=REPO,
         check=True,
         capture_output=True,

@@ -27,7 +27,7 @@ from bench.context import Context
 NAME = "startup"
 TARGET_S = 1.0
 TTL = "10s"
-KOPF_PROBE = "import sys, elector.cli, elector.app; print('kopf' in sys.modules)"
+KOPF_PROBE = "import sys, elector.cli.main, elector.daemon.service; print('kopf' in sys.modules)"
 KOPF_INSTALLED = "import importlib.util; print(importlib.util.find_spec('kopf') is not None)"
 
 
@@ -72,7 +72,11 @@ def run(ctx: Context) -> BenchResult:
     )
     kopf = Table(
         "kopf on the `elector run` import path",
-        ["install", "kopf installed", "'kopf' in sys.modules after importing elector.cli, elector.app"],
+        [
+            "install",
+            "kopf installed",
+            "'kopf' in sys.modules after importing elector.cli.main, elector.daemon.service",
+        ],
     )
     targets = []
     with RedisLab(ctx.redis_binary) as lab:

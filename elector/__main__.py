@@ -1,3 +1,3 @@
-from elector.cli import main
+from elector.cli.main import main
 
 main()

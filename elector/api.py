@@ -56,8 +56,12 @@ from prometheus_client import CollectorRegistry
 
 from elector.api_params import ElectorConfigError, build_timing, checked, is_number, redis_source
 from elector.backend import RedisLeaseBackend, make_client
-from elector.backend.sentinel_watch import SentinelMasterWatcher, default_poll_interval_s, watch_master
-from elector.config import default_identity, validate_identity, validate_lock_name
+from elector.backend.topologies.sentinel_watch import (
+    SentinelMasterWatcher,
+    default_poll_interval_s,
+    watch_master,
+)
+from elector.daemon.settings import default_identity, validate_identity, validate_lock_name
 from elector.election import (
     CycleOutcome,
     Election,

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import redis.asyncio as aioredis
 
 from elector.backend import InvalidRedisSettingsError, RedisSettings
-from elector.config import SettingsError
+from elector.daemon.settings import SettingsError
 from elector.election import ElectionTiming, InvalidTimingError
 
 #: Default time to stop leader work, as a share of the ttl (1 s for the default 10 s ttl).

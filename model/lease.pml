@@ -1,6 +1,6 @@
 /*
  * elector's lease protocol as implemented, for spin.  docs/model.md explains the model, its
- * bounds and the map to the code (elector/backend/scripts.py, elector/election/machine.py,
+ * bounds and the map to the code (elector/backend/lua/lease.py, elector/election/machine.py,
  * elector/election/timing.py).
  *
  * One process runs the whole system: each pass of the loop takes one enabled event (a candidate

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from elector.redis_server import RedisServerNotFound, RedisServerProcess, find_redis_server
+from elector.testing.redis_server import RedisServerNotFound, RedisServerProcess, find_redis_server
 from tests.faults.options import add_options as add_fault_options
 from tests.support.previous_release import PreviousRelease, PreviousReleaseError, build_previous_release
 from tests.support.tcp_proxy import TcpProxy

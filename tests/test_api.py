@@ -26,8 +26,8 @@ from redis.backoff import ExponentialBackoff, NoBackoff
 import elector
 import elector.api
 from elector import Elector, ElectorConfigError, Leadership, LeadershipLost, StepDownReason
+from elector.control.handoff import run_handoff
 from elector.election.clock import boottime
-from elector.handoff import run_handoff
 from tests.support.seed import seed_used_lock_async
 from tests.support.tcp_proxy import TcpProxy
 

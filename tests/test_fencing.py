@@ -19,7 +19,7 @@ from elector.fencing import (
     StaleFencingTokenError,
     check_fencing_token,
 )
-from elector.redis_server import RedisServerProcess, free_tcp_port
+from elector.testing.redis_server import RedisServerProcess, free_tcp_port
 
 # Real tokens are Redis server time in ms: big numbers, where float rounding would show.
 T = 1_795_296_567_927

@@ -1,16 +1,16 @@
 """The Redis lease backend: the lease protocol's Lua scripts, client set-up and error translation."""
 
-from elector.backend.cluster import (
+from elector.backend.candidates import HandoffRefusedError
+from elector.backend.connection import InvalidRedisSettingsError, RedisSettings, make_client, redact_url
+from elector.backend.redis_lease import RedisEventSubscription, RedisLeaseBackend
+from elector.backend.replies import parse_holder
+from elector.backend.topologies.cluster import (
     cluster_hub_client,
     cluster_lease_backend,
     connect_cluster,
     make_cluster_client,
 )
-from elector.backend.connection import InvalidRedisSettingsError, RedisSettings, make_client, redact_url
-from elector.backend.redis_lease import RedisEventSubscription, RedisLeaseBackend
-from elector.backend.redlock import RedlockLeaseBackend
-from elector.backend.registry import HandoffRefusedError
-from elector.backend.replies import parse_holder
+from elector.backend.topologies.redlock import RedlockLeaseBackend
 
 __all__ = [
     "HandoffRefusedError",

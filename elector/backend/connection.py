@@ -19,8 +19,8 @@ from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from elector.backend import sentinel
 from elector.backend.replication import ReplicaAck
+from elector.backend.topologies import sentinel
 
 SUPPORTED_SCHEMES = ("redis", "rediss", "unix", *sentinel.SENTINEL_SCHEMES)
 TLS_SCHEMES = ("rediss", "rediss+sentinel")

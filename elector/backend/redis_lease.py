@@ -15,7 +15,8 @@ from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.typing import EncodableT, KeyT
 
-from elector.backend import protocol, registry, scripts
+from elector.backend import candidates, protocol
+from elector.backend.lua import lease as scripts
 from elector.backend.replication import ReplicaAck, ReplicationAckError, run_script_acked
 from elector.backend.replies import _remaining, _translate, parse_event_message, parse_holder
 from elector.lease import (
@@ -37,8 +38,8 @@ from elector.lease import (
 )
 
 if TYPE_CHECKING:
-    from elector.backend.hub import EventHub
     from elector.backend.pipeline import ScriptBatcher
+    from elector.backend.pubsub.hub import EventHub
     from elector.lease import LeaseEventSubscription
 
 T = TypeVar("T")
@@ -133,7 +134,7 @@ class RedisLeaseBackend:
     async def acquire(self, identity: str, *, ttl_ms: int, priority: int = 0) -> AcquireResult:
         if ttl_ms <= 0:
             raise ValueError(f"ttl must be positive, got {ttl_ms} ms")
-        registry.validate_priority(priority)
+        candidates.validate_priority(priority)
         # After an attempt whose answer was lost (timeout, broken connection) Redis may have granted
         # it: retry with the same owner token, so the script can hand that grant back to us.
         owner_token = self._uncertain_token or secrets.token_hex(16)
@@ -196,7 +197,7 @@ class RedisLeaseBackend:
             if code == 2:
                 return QuietPeriod(remaining_ms=max(0, int(reply[2])))
             if code == 3:
-                return StandBack(handoff=registry.parse_handoff(reply[1], reply[2], what="acquire"))
+                return StandBack(handoff=candidates.parse_handoff(reply[1], reply[2], what="acquire"))
         except (IndexError, TypeError, ValueError) as exc:
             raise _translate(exc, what="acquire") from exc
         raise LeaseBackendError(f"acquire: unexpected reply code {code}", kind=BackendErrorKind.DATA)
@@ -232,7 +233,7 @@ class RedisLeaseBackend:
         return protocol.unknown_protocol_message(lock=self._lock, where=where, version=version)
 
     async def renew(self, lease: Lease, *, priority: int = 0) -> RenewResult:
-        registry.validate_priority(priority)
+        candidates.validate_priority(priority)
         keys = [
             self.keys.lease,
             self.keys.candidates,
@@ -240,14 +241,14 @@ class RedisLeaseBackend:
             self.keys.handoff,
             self.keys.meta,
         ]
-        identity = registry.encode_identity(lease.identity)
+        identity = candidates.encode_identity(lease.identity)
         args: list[str | int] = [lease.value, lease.ttl_ms, identity, priority]
         reply, acked = await self._call("renew", lambda: self._run_acked(self._renew, keys=keys, args=args))
         try:
             if int(reply[0]) == 1:
                 if acked is not None and self._replica_ack is not None and acked < self._replica_ack.replicas:
                     raise ReplicationAckError("renew", acked=acked, ack=self._replica_ack)
-                handoff, rival = registry.parse_renewed(reply)
+                handoff, rival = candidates.parse_renewed(reply)
                 return Renewed(handoff=handoff, best_rival=rival)
             holder = parse_holder(bytes(reply[1]))
             if holder is not None:
@@ -280,7 +281,7 @@ class RedisLeaseBackend:
         if handoff_to is not None:
             if handoff_window_ms <= 0:
                 raise ValueError(f"a handoff window must be positive, got {handoff_window_ms} ms")
-            handoff = registry.handoff_value(from_identity=lease.identity, to_identity=handoff_to)
+            handoff = candidates.handoff_value(from_identity=lease.identity, to_identity=handoff_to)
             announcement["to"] = handoff_to  # the target need not wait for its next look
         message = json.dumps(announcement, separators=(",", ":"))
         keys = [self.keys.lease, self.keys.handoff]
@@ -293,14 +294,14 @@ class RedisLeaseBackend:
 
     async def withdraw(self, identity: str) -> None:
         keys = [self.keys.candidates, self.keys.candidate_expiry]
-        args = [registry.encode_identity(identity)]
+        args = [candidates.encode_identity(identity)]
         await self._call("withdraw", lambda: self._run(self._withdraw, keys=keys, args=args))
 
     async def candidates(self) -> list[Candidate]:
         """The live registered candidates, by priority (highest first) then identity."""
         keys = [self.keys.candidates, self.keys.candidate_expiry]
         reply: Any = await self._call("candidates", lambda: self._run(self._candidates, keys=keys, args=[]))
-        return registry.parse_candidates(reply)
+        return candidates.parse_candidates(reply)
 
     async def request_handoff(self, *, to: str | None, window_ms: int) -> Handoff | None:
         """Ask the holder to hand the lease over (to `to`, or to anyone else when None).
@@ -311,7 +312,7 @@ class RedisLeaseBackend:
         if window_ms <= 0:
             raise ValueError(f"a handoff window must be positive, got {window_ms} ms")
         keys = [self.keys.lease, self.keys.handoff]
-        args: list[str | int] = [registry.encode_identity(to), window_ms, self.keys.channel]
+        args: list[str | int] = [candidates.encode_identity(to), window_ms, self.keys.channel]
         reply: Any = await self._call(
             "handoff", lambda: self._run(self._request_handoff, keys=keys, args=args)
         )
@@ -320,9 +321,9 @@ class RedisLeaseBackend:
             if code == 0:
                 return None
             if code == 1:
-                return registry.parse_handoff(reply[1], reply[2], what="handoff")
+                return candidates.parse_handoff(reply[1], reply[2], what="handoff")
             if code == 2:
-                raise registry.HandoffRefusedError(bytes(reply[1]).decode("utf-8", "replace"))
+                raise candidates.HandoffRefusedError(bytes(reply[1]).decode("utf-8", "replace"))
         except (IndexError, TypeError, ValueError) as exc:
             raise _translate(exc, what="handoff") from exc
         raise LeaseBackendError(f"handoff: unexpected reply code {code}", kind=BackendErrorKind.DATA)

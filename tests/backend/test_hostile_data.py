@@ -32,9 +32,9 @@ import redis.asyncio
 from prometheus_client import CollectorRegistry
 
 from elector.backend import RedisLeaseBackend, RedisSettings, make_client
-from elector.backend.scripts import LockKeys
+from elector.backend.lua.lease import LockKeys
+from elector.daemon.logs import LogSettings, OutcomeLogger, configure_logging, make_logger
 from elector.election import Election, ElectionHooks, ElectionTiming
-from elector.logs import LogSettings, OutcomeLogger, configure_logging, make_logger
 from elector.metrics import ElectionMetrics
 from tests.support.seed import seed_used_lock_async
 

@@ -13,7 +13,7 @@ from elector.backend import RedisLeaseBackend, RedisSettings, make_client
 from elector.backend.pipeline import ScriptBatcher
 from elector.backend.replication import ReplicaAck, ReplicationAckError
 from elector.lease import BackendErrorKind, Granted, Renewed
-from elector.redis_server import RedisServerProcess
+from elector.testing.redis_server import RedisServerProcess
 from tests.support.daemon import DaemonProcess, wait_until
 from tests.support.seed import seed_used_lock, seed_used_lock_async
 

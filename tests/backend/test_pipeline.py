@@ -11,7 +11,8 @@ import redis.asyncio
 import redis.exceptions
 from redis.asyncio.connection import Connection
 
-from elector.backend import RedisLeaseBackend, RedisSettings, make_client, scripts
+from elector.backend import RedisLeaseBackend, RedisSettings, make_client
+from elector.backend.lua import lease as scripts
 from elector.backend.pipeline import ScriptBatcher
 from elector.lease import BackendErrorKind, Granted, Lease, LeaseBackendError, Renewed
 from tests.support.seed import seed_used_lock_async

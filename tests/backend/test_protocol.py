@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 import redis.asyncio
 
-from elector.backend import RedisLeaseBackend, RedisSettings, make_client, protocol, scripts
+from elector.backend import RedisLeaseBackend, RedisSettings, make_client, protocol
+from elector.backend.lua import lease as scripts
 from elector.lease import BackendErrorKind, Granted, Held, Lease, LeaseBackendError, QuietPeriod, Renewed
-from elector.redis_server import RedisServerProcess
+from elector.testing.redis_server import RedisServerProcess
 from tests.support.seed import seed_used_lock_async
 from tests.support.tcp_proxy import TcpProxy
 
@@ -275,7 +276,7 @@ def previous_scripts() -> types.SimpleNamespace:
     """The Lua scripts of the previous release, from git history (no venv needed)."""
     try:
         source = subprocess.run(
-            ["git", "show", f"{PREVIOUS_RELEASE}:elector/backend/scripts.py"],
+            ["git", "show", f"{PREVIOUS_RELEASE}:elector/backend/lua/lease.py"],
             cwd=REPO,
             check=True,
             capture_output=True,

@@ -12,7 +12,8 @@ import pytest
 import redis.asyncio
 from redis.crc import key_slot
 
-from elector.backend import RedisLeaseBackend, RedisSettings, make_client, scripts
+from elector.backend import RedisLeaseBackend, RedisSettings, make_client
+from elector.backend.lua import lease as scripts
 from elector.lease import (
     BackendErrorKind,
     Granted,
@@ -23,7 +24,7 @@ from elector.lease import (
     QuietPeriod,
     Renewed,
 )
-from elector.redis_server import RedisServerProcess, free_tcp_port
+from elector.testing.redis_server import RedisServerProcess, free_tcp_port
 from tests.support.seed import seed_used_lock_async
 from tests.support.tcp_proxy import TcpProxy
 

@@ -9,9 +9,9 @@ import pytest
 import redis
 
 from elector.backend import InvalidRedisSettingsError, RedisLeaseBackend, RedisSettings, make_client
-from elector.config import SettingsError, build_settings
+from elector.daemon.settings import SettingsError, build_settings
 from elector.lease import BackendErrorKind, Granted, LeaseBackendError, Renewed
-from elector.redis_server import RedisServerProcess
+from elector.testing.redis_server import RedisServerProcess
 from tests.support.daemon import DaemonProcess, wait_until
 from tests.support.seed import seed_used_lock, seed_used_lock_async
 from tests.support.tls import TlsRedis, make_tls_files

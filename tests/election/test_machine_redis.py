@@ -24,7 +24,7 @@ from elector.election import (
     OutcomeKind,
     StepDownReason,
 )
-from elector.redis_server import RedisServerProcess
+from elector.testing.redis_server import RedisServerProcess
 from tests.support.seed import seed_used_lock_async
 from tests.support.tcp_proxy import TcpProxy
 

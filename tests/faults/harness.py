@@ -27,8 +27,8 @@ from typing import Any, Self, TypeVar
 
 import redis
 
-from elector.redis_server import RedisServerProcess
-from elector.testing_hooks import BLOCK_LOOP_ENV
+from elector.daemon.testing_hooks import BLOCK_LOOP_ENV
+from elector.testing.redis_server import RedisServerProcess
 from tests.support.daemon import DaemonProcess
 from tests.support.seed import seed_used_lock
 from tests.support.sentinel import SentinelSet

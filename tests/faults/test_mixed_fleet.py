@@ -38,7 +38,7 @@ from typing import Any
 import pytest
 import redis
 
-from elector.redis_server import RedisServerProcess
+from elector.testing.redis_server import RedisServerProcess
 from tests.support.daemon import DaemonProcess, wait_until
 from tests.support.previous_release import PreviousRelease
 from tests.support.seed import seed_used_lock

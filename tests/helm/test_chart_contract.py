@@ -21,9 +21,9 @@ from helm_python.chart import Chart
 from helm_python.errors import HelmValuesError
 from support.seed import seed_used_lock
 
-from elector.backend.scripts import LockKeys
-from elector.http import HttpSettings
-from elector.redis_server import free_tcp_port
+from elector.backend.lua.lease import LockKeys
+from elector.daemon.http import HttpSettings
+from elector.testing.redis_server import free_tcp_port
 
 Render = Callable[[dict[str, Any]], list[dict[str, Any]]]
 
@@ -98,7 +98,7 @@ def test_every_env_var_exists_in_run_help(render: Render, run_help: str) -> None
 
 
 def test_args_are_a_real_subcommand(render: Render) -> None:
-    from elector.cli import cli
+    from elector.cli.main import cli
 
     assert sidecar(render({}))["args"][0] in cli.commands
 

@@ -19,7 +19,7 @@ import redis
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from elector.redis_server import RedisServerProcess
+from elector.testing.redis_server import RedisServerProcess
 from tests.support.daemon import DaemonProcess, wait_until
 from tests.support.seed import seed_used_lock
 

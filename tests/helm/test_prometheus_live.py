@@ -39,7 +39,7 @@ import redis.asyncio
 import yaml
 
 from elector.backend import RedisLeaseBackend
-from elector.redis_server import RedisServerProcess, free_tcp_port
+from elector.testing.redis_server import RedisServerProcess, free_tcp_port
 from tests.support.daemon import DaemonProcess, wait_until
 from tests.support.seed import seed_used_lock
 

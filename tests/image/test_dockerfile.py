@@ -27,8 +27,8 @@ import yaml
 from click.testing import CliRunner
 from dockerfile_parse import DockerfileParser
 
-from elector.cli import cli
-from elector.http import HttpSettings, parse_http_address
+from elector.cli.main import cli
+from elector.daemon.http import HttpSettings, parse_http_address
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
@@ -254,7 +254,7 @@ def test_tini_is_installed_and_is_pid_1_in_front_of_elector(final: Stage, projec
     # Exec form: a shell form would make /bin/sh PID 1, which neither forwards SIGTERM nor reaps.
     assert entrypoint.exec_form() == ["/usr/bin/tini", "--", "elector"], entrypoint.value
     # `elector` on PATH is the package's console script.
-    assert project["scripts"]["elector"] == "elector.cli:main"
+    assert project["scripts"]["elector"] == "elector.cli.main:main"
     stopsignal = final.last("STOPSIGNAL")
     assert stopsignal is not None and stopsignal.value == "SIGTERM"
 
@@ -333,7 +333,9 @@ def test_dockerignore_sends_only_the_build_inputs(stages: list[Stage]) -> None:
     # Everything the builder COPYs is in the context ...
     sources = [w for i in stages[0].all("COPY") for w in i.without_flags().split()[:-1]]
     assert set(sources) == {"pyproject.toml", "README.md", "elector"}, sources
-    for path in ("pyproject.toml", "README.md", "elector/__init__.py", "elector/cli.py", "elector/py.typed"):
+    required = ["pyproject.toml", "README.md", "elector/__init__.py", "elector/cli/main.py"]
+    required.append("elector/py.typed")
+    for path in required:
         assert not _dockerignored(path, patterns), path
     assert {p.relative_to(REPO).as_posix() for p in (REPO / "elector").rglob("*.py")}, "no sources?"
     # ... and nothing else: no virtualenv, VCS data, tests, build output or bytecode.

@@ -21,8 +21,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from elector.backend.scripts import LockKeys
-from elector.redis_server import RedisServerProcess, free_tcp_port
+from elector.backend.lua.lease import LockKeys
+from elector.testing.redis_server import RedisServerProcess, free_tcp_port
 from tests.image import podman_support as ps
 
 #: A cold first test also makes the base (debootstrap, ~70 s measured) and builds (~25 s): a

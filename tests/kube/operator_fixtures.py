@@ -29,11 +29,11 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from elector.backend import RedisSettings
-from elector.http import HttpSettings
+from elector.daemon.http import HttpSettings
 from elector.kube.operator import resource
 from elector.kube.operator.runner import OperatorSettings, run_operator
 from elector.kube.operator.watcher import WatchSettings
-from elector.redis_server import RedisServerProcess
+from elector.testing.redis_server import RedisServerProcess
 from tests.support.seed import seed_used_lock
 
 NAMESPACE = "apps"

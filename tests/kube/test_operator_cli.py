@@ -8,13 +8,13 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from elector.cli import cli
-from elector.kube.operator import cli as operator_cli
+from elector.cli.main import cli
+from elector.kube.operator import command as operator_cli
 from elector.kube.operator import resource
 
 
 def test_the_cli_does_not_import_kopf_until_the_operator_runs() -> None:
-    code = "import sys, elector.cli; sys.exit(1 if 'kopf' in sys.modules else 0)"
+    code = "import sys, elector.cli.main; sys.exit(1 if 'kopf' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

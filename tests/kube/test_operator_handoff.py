@@ -10,8 +10,9 @@ import aiohttp
 import pytest
 
 import elector
-from elector.kube.operator import handoff, resource
-from elector.redis_server import RedisServerProcess
+from elector.kube.operator import handoff_annotation as handoff
+from elector.kube.operator import resource
+from elector.testing.redis_server import RedisServerProcess
 from tests.kube.operator_fixtures import (
     OPERATOR_KMOCK,
     Cluster,

@@ -21,7 +21,7 @@ import yaml
 from elector.backend import RedisLeaseBackend
 from elector.kube.operator import resource
 from elector.lease import Granted, Lease, Renewed
-from elector.redis_server import RedisServerProcess
+from elector.testing.redis_server import RedisServerProcess
 from tests.kube.lease_support import LEASE_KMOCK, LeaseEmulator, lease
 from tests.kube.operator_fixtures import (
     CRD_PATH,

@@ -13,7 +13,7 @@ import redis.asyncio
 from elector.backend import RedisLeaseBackend
 from elector.kube.operator import resource
 from elector.lease import Granted
-from elector.redis_server import RedisServerProcess
+from elector.testing.redis_server import RedisServerProcess
 from tests.kube.operator_fixtures import (
     OPERATOR_KMOCK,
     Cluster,

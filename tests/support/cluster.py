@@ -26,7 +26,7 @@ from typing import Self
 
 import redis
 
-from elector.redis_server import RedisServerError, RedisServerProcess
+from elector.testing.redis_server import RedisServerError, RedisServerProcess
 
 SLOTS = 16384
 FORM_TIMEOUT_S = 20.0

@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from elector.redis_server import free_tcp_port
+from elector.testing.redis_server import free_tcp_port
 
 
 class DaemonProcess:

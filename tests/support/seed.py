@@ -9,7 +9,7 @@ from __future__ import annotations
 import redis
 import redis.asyncio
 
-from elector.backend.scripts import LockKeys
+from elector.backend.lua.lease import LockKeys
 
 
 def seed_used_lock(client: redis.Redis, lock: str = "jobs", *, counter: int = 1) -> None:

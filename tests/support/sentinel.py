@@ -12,7 +12,7 @@ master down after `down_after_ms` (1 s by default): a SIGKILLed master is replac
 Start-up waits until every sentinel knows every replica and the other sentinels, since a
 failover asked for earlier fails (NOGOODSLAVE, or no quorum to elect a sentinel leader).
 
-Used by tests/backend/test_sentinel.py and the fault-injection suite; keep the API small.
+Used by tests/backend/topologies/test_sentinel.py and the fault-injection suite; keep the API small.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any, Self
 
 import redis
 
-from elector.redis_server import RedisServerProcess, find_redis_server, free_tcp_port
+from elector.testing.redis_server import RedisServerProcess, find_redis_server, free_tcp_port
 
 HOST = "127.0.0.1"
 STOP_TIMEOUT_S = 3.0

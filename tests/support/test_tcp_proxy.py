@@ -9,7 +9,7 @@ import redis.asyncio
 import redis.asyncio.retry
 import redis.backoff
 
-from elector.redis_server import RedisServerProcess
+from elector.testing.redis_server import RedisServerProcess
 from tests.support.tcp_proxy import TcpProxy
 
 ClientFactory = Callable[..., redis.asyncio.Redis]

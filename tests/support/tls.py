@@ -23,7 +23,7 @@ from typing import Self
 
 import trustme
 
-from elector.redis_server import RedisServerProcess, free_tcp_port
+from elector.testing.redis_server import RedisServerProcess, free_tcp_port
 
 ENV_VAR = "ELECTOR_REDIS_TLS_SERVER"
 

@@ -8,5 +8,5 @@ Modules: `resource` (the CRD's spec and status, no I/O), `reconcile` (labels, Ev
 a transition), `watcher` (the per-object loop), `handoff` (the annotation), `kubeapi` (a small
 API client on kopf's credentials), `metrics`, `handlers` (the kopf registry), `runner` (the hot-
 standby operator process) and `cli` (the click command). Nothing here imports kopf on package
-import: `elector.cli` offers the command without it.
+import: `elector.cli.main` offers the command without it.
 """

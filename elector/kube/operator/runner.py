@@ -21,7 +21,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 
 import elector
 from elector.backend import RedisSettings, make_client
-from elector.http import HttpServer, HttpSettings
+from elector.daemon.http import HttpServer, HttpSettings
 from elector.kube.operator.handlers import Login, build_registry, configure_settings
 from elector.kube.operator.kubeapi import KubeApi
 from elector.kube.operator.metrics import OperatorMetrics

@@ -27,7 +27,8 @@ from elector.backend import (
     make_client,
     redact_url,
 )
-from elector.kube.operator import handoff, reconcile, resource
+from elector.kube.operator import handoff_annotation as handoff
+from elector.kube.operator import reconcile, resource
 from elector.kube.operator.kubeapi import KubeApi, KubeApiError
 from elector.kube.operator.lease_mirror import LeaseMirror
 from elector.kube.operator.metrics import OperatorMetrics

@@ -1,0 +1,1 @@
+"""The lease protocol's Lua scripts, as documented constants (KEYS, ARGV, replies)."""

@@ -1,0 +1,1 @@
+"""Lease announcements: the shared pub/sub connection, its link, and the subscriptions built on it."""

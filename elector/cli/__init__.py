@@ -1,0 +1,1 @@
+"""The command line: `elector run`, `status`, `handoff`, `demo`, `leader-file`, `operator`."""

@@ -1,0 +1,1 @@
+"""Looking at and steering a lock from outside an election: `elector status` and `elector handoff`."""

@@ -1,0 +1,518 @@
+"""The keeper: exec mode's watchdog, a tiny process between the daemon and the leader's command.
+
+The daemon stops its command when it steps down, but only while it lives and its event loop
+runs. SIGKILL of the daemon alone (an OOM kill, systemd's KillMode=process), a SIGSTOP or a
+stalled loop would leave the command running past the lease, beside the next leader's. The
+keeper closes that gap without depending on the daemon:
+
+    daemon --(pipe: validity ends)--> keeper --(posix_spawn, same process group)--> COMMAND
+
+* The daemon starts the keeper (in a new session, as its supervisor's child); the keeper spawns
+  the command in the keeper's own process group, so the supervisor's group and session logic
+  still reaches every process. The keeper ignores the supervisor's SIGTERM (the command gets it too)
+  and exits with the command's own status, re-raising the command's fatal signal on itself.
+* After every renewal the daemon writes the new validity end (`CycleOutcome.valid_until`,
+  CLOCK_BOOTTIME seconds, one ASCII line) to the pipe. Without a fresh one, the keeper sends
+  SIGTERM to the command's tree at `valid_until + margin - grace` and SIGKILL at
+  `valid_until + margin`; the daemon sets `margin` to the stop time its lease timing reserves,
+  so everything is dead before the lease can expire on Redis (see `Schedule`).
+* EOF on the pipe, or PR_SET_PDEATHSIG's signal, means the daemon died: SIGTERM at once, SIGKILL
+  after the grace, never later than the deadline above.
+* CLOCK_BOOTTIME counts a suspend: a resumed machine finds the deadline passed and kills at once.
+  (Waits are capped at `MAX_WAIT_S`, since select() itself sleeps on the monotonic clock.)
+* The command's tree is its process group, its session (members that moved to another group)
+  and, the keeper being a child subreaper, every process reparented to it (escaped daemons).
+* When the command exits by itself the keeper stops what it left behind (TERM, KILL after the
+  grace) before exiting, so no leftover runs unwatched.
+
+Standard library only, and no `elector` imports: it is started with `python -I -S` and costs a
+bare interpreter's memory (see bench/keeper_cost.py). The daemon side is `KeeperLink`.
+
+PR_SET_PDEATHSIG fires when the *thread* that forked the keeper exits: the daemon spawns it from
+its event loop's thread, which lives as long as the daemon (from a short-lived thread the keeper
+would stop the command early: the safe direction).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import math
+import os
+import select
+import signal
+import sys
+import time
+from collections.abc import Sequence
+
+
+def _boottime_clock_id() -> int | None:
+    """CLOCK_BOOTTIME's id, or None where it is missing or refused (as election/clock.py does)."""
+    clock_id = getattr(time, "CLOCK_BOOTTIME", None)
+    if clock_id is None:
+        return None
+    try:
+        time.clock_gettime(clock_id)
+    except OSError:
+        return None
+    return int(clock_id)
+
+
+_CLOCK_ID = _boottime_clock_id()
+
+
+def boottime() -> float:
+    """CLOCK_BOOTTIME seconds (the daemon's election clock); the monotonic clock without it."""
+    return time.monotonic() if _CLOCK_ID is None else time.clock_gettime(_CLOCK_ID)
+
+
+#: The signal the kernel sends the keeper when the daemon (its parent thread) dies.
+PARENT_DEATH_SIGNAL = signal.SIGUSR1
+#: Longest single wait: select() sleeps on the monotonic clock, which stops during a suspend.
+MAX_WAIT_S = 0.25
+#: How often the tree is looked at again while it is being stopped.
+STOP_POLL_S = 0.01
+#: The longest validity line accepted; anything longer is garbage, not a deadline.
+_MAX_LINE = 64
+_PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
+EXIT_CANNOT_START = 127
+
+
+class Schedule:
+    """When the keeper must signal the command's tree. Pure: every method takes the time.
+
+    `valid_until` is the latest validity end the daemon sent; `margin_s` how long after it the
+    tree may live (the daemon's reserved stop time, minus the reap slack). So SIGKILL is due at
+    `valid_until + margin_s` and SIGTERM one grace earlier. A stop that begins earlier (the
+    daemon died, the supervisor's SIGTERM, the command exited) sends SIGTERM at once and SIGKILL
+    one grace later, but never after the deadline. Once stopping, later validity ends are
+    ignored: a command that was told to stop is not told to go on.
+    """
+
+    __slots__ = ("kill_grace_s", "margin_s", "stop_began_at", "valid_until")
+
+    def __init__(self, *, valid_until: float, kill_grace_s: float, margin_s: float) -> None:
+        for name, value in (("kill_grace_s", kill_grace_s), ("margin_s", margin_s)):
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, not {value!r}")
+        if not math.isfinite(valid_until):
+            raise ValueError(f"valid_until must be a finite clock reading, not {valid_until!r}")
+        self.kill_grace_s = kill_grace_s
+        self.margin_s = margin_s
+        self.valid_until = valid_until
+        self.stop_began_at: float | None = None
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_began_at is not None
+
+    def extend(self, valid_until: float) -> bool:
+        """A fresh validity end from the daemon; False when ignored (stopping, or not later)."""
+        if self.stopping or not math.isfinite(valid_until) or valid_until <= self.valid_until:
+            return False
+        self.valid_until = valid_until
+        return True
+
+    def begin_stop(self, now: float) -> None:
+        if self.stop_began_at is None:
+            self.stop_began_at = now
+
+    @property
+    def deadline(self) -> float:
+        """SIGKILL is due by then, whatever happens."""
+        return self.valid_until + self.margin_s
+
+    @property
+    def term_at(self) -> float:
+        scheduled = self.deadline - self.kill_grace_s
+        return scheduled if self.stop_began_at is None else min(scheduled, self.stop_began_at)
+
+    @property
+    def kill_at(self) -> float:
+        if self.stop_began_at is None:
+            return self.deadline
+        return min(self.deadline, self.stop_began_at + self.kill_grace_s)
+
+    def due(self, now: float) -> signal.Signals | None:
+        """The strongest signal due at `now`, if any."""
+        if now >= self.kill_at:
+            return signal.SIGKILL
+        if now >= self.term_at:
+            return signal.SIGTERM
+        return None
+
+    def wait_s(self, now: float) -> float:
+        """How long the keeper may sleep before it must look again."""
+        if now >= self.kill_at + 1.0:
+            return 0.1  # a process stuck past SIGKILL (uninterruptible sleep): no need to spin
+        if now >= self.term_at:
+            return STOP_POLL_S  # the tree is being stopped: watch it go, and KILL on time
+        return max(0.0, min(MAX_WAIT_S, self.term_at - now))
+
+
+class LineReader:
+    """Validity ends from the pipe: one decimal number a line; torn lines wait for their end."""
+
+    __slots__ = ("_buffer",)
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, data: bytes) -> list[float]:
+        self._buffer += data
+        *lines, self._buffer = self._buffer.split(b"\n")
+        if len(self._buffer) > _MAX_LINE:
+            self._buffer = b""  # no number is this long: drop it rather than grow
+        values = []
+        for line in lines:
+            try:
+                values.append(float(line))
+            except ValueError:
+                _log("keeper_bad_line", line=line[:_MAX_LINE].decode("ascii", "replace"))
+        return values
+
+
+def _log(event: str, **fields: object) -> None:
+    """One JSON line on stderr, like the daemon's own (numbers and plain words only)."""
+    parts = [f'"event":"{event}"', '"logger":"elector.keeper"', f'"pid":{os.getpid()}']
+    for key, value in fields.items():
+        text = repr(value) if isinstance(value, int | float) else '"' + str(value).replace('"', "'") + '"'
+        parts.append(f'"{key}":{text}')
+    with contextlib.suppress(OSError):
+        os.write(2, ("{" + ",".join(parts) + "}\n").encode())
+
+
+# -- the command's tree ------------------------------------------------------------------------
+
+
+def _stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(state, ppid, pgid, sid) of a process, None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            raw = file.read()
+        fields = raw[raw.rindex(b")") + 2 :].split()
+        return fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def tree_of(me: int) -> list[tuple[int, int]]:
+    """(pid, pgid) of the live processes of the command's tree: our group, our session, and our
+    children (reparented to us, the subreaper, when they escaped both)."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        if not name.isdigit() or int(name) == me:
+            continue
+        info = _stat(int(name))
+        if info is None or info[0] in ("Z", "X", "x"):
+            continue
+        if me in (info[1], info[2], info[3]):
+            found.append((int(name), info[2]))
+    return found
+
+
+def _send(pid: int, sig: int) -> None:
+    with contextlib.suppress(OSError):  # gone meanwhile, or not ours to signal
+        os.kill(pid, sig)
+
+
+def _prctl(option: int, value: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        args = (ctypes.c_ulong(value), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+        return bool(libc.prctl(option, *args) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+# -- the keeper process ------------------------------------------------------------------------
+
+
+class Keeper:
+    """The keeper's main loop. See the module doc."""
+
+    def __init__(
+        self, command: Sequence[str], *, schedule: Schedule, control_fd: int, parent_pid: int
+    ) -> None:
+        self.command = list(command)
+        self.schedule = schedule
+        self.control_fd: int | None = control_fd
+        self.parent_pid = parent_pid
+        self.me = os.getpid()
+        self.child_pid = 0
+        self.child_status: int | None = None
+        self.reason = ""
+        self._term_seen = False
+        self._parent_gone = False
+        self._group_termed = False
+        self._killed = False
+        self._reader = LineReader()
+        self._wake_r, self._wake_w = os.pipe()
+
+    def _install_signals(self) -> None:
+        os.set_blocking(self._wake_w, False)
+        os.set_blocking(self._wake_r, False)
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+
+        def on_term(signum: int, frame: object) -> None:
+            self._term_seen = True
+
+        def on_parent_death(signum: int, frame: object) -> None:
+            self._parent_gone = True
+
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(PARENT_DEATH_SIGNAL, on_parent_death)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # only to wake select()
+        for name in ("SIGINT", "SIGHUP"):  # the daemon's terminal is not the keeper's business
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+    def start(self) -> None:
+        self._install_signals()
+        if self.control_fd is not None:
+            os.set_inheritable(self.control_fd, False)  # the command must not hold the daemon's pipe
+            os.set_blocking(self.control_fd, False)
+        _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+        if _prctl(_PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL) and os.getppid() != self.parent_pid:
+            self._parent_gone = True  # it died before the death signal was armed
+        # Python itself ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across
+        # exec: reset them as subprocess does, or `yes | head` in the command would spin on EPIPE.
+        defaults = [
+            signal.SIGTERM, PARENT_DEATH_SIGNAL, signal.SIGCHLD, signal.SIGINT, signal.SIGHUP,
+            signal.SIGPIPE, signal.SIGXFSZ,
+        ]  # fmt: skip
+        self.child_pid = os.posix_spawnp(
+            self.command[0], self.command, os.environ, setsigdef=defaults, setsigmask=()
+        )
+
+    def run(self) -> int:
+        """Watch until the command and its tree are gone; the command's wait status."""
+        while True:
+            now = boottime()
+            self._reap()
+            self._read_control()
+            if not self.schedule.stopping:
+                why = self._stop_reason()
+                if why:
+                    self.reason = why
+                    self.schedule.begin_stop(now)
+                    if why == "daemon_gone":  # the other reasons are the daemon's to log
+                        _log("keeper_stopping", reason=why, command_pid=self.child_pid)
+            if self.child_status is not None or self.schedule.due(now) is not None:
+                # The /proc scan is the costly part: only when the tree is being stopped.
+                tree = tree_of(self.me)
+                if self.child_status is not None and not tree:
+                    return self.child_status
+                self._act(now, tree)
+            self._wait(self.schedule.wait_s(boottime()))
+
+    def _stop_reason(self) -> str:
+        if self._parent_gone:
+            return "daemon_gone"
+        if self._term_seen:
+            return "terminated"
+        if self.child_status is not None:
+            return "command_exited"
+        return ""
+
+    def _act(self, now: float, tree: list[tuple[int, int]]) -> None:
+        sig = self.schedule.due(now)
+        if sig is None:
+            return
+        if sig is signal.SIGKILL:
+            if not self._killed:
+                self._killed = True
+                _log("keeper_kill", reason=self.reason or "deadline", remaining=len(tree))
+            for pid, _ in tree:  # one by one: killpg would hit the keeper itself
+                _send(pid, signal.SIGKILL)
+            return
+        if not self.reason:
+            self.reason = "deadline"
+            self.schedule.begin_stop(now)
+            _log("keeper_stopping", reason="deadline", valid_until=self.schedule.valid_until)
+        if not self._group_termed:
+            self._group_termed = True
+            if not self._term_seen:  # the supervisor's TERM already reached the whole group
+                _send(-self.me, signal.SIGTERM)  # killpg: atomic for the group; we ignore it
+            for pid, group in tree:
+                if group != self.me:  # moved to another group, or escaped: reached one by one
+                    _send(pid, signal.SIGTERM)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.child_pid:
+                self.child_status = status
+
+    def _read_control(self) -> None:
+        while self.control_fd is not None:
+            try:
+                data = os.read(self.control_fd, 4096)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                data = b""
+            if not data:
+                os.close(self.control_fd)
+                self.control_fd = None
+                self._parent_gone = True
+                return
+            for valid_until in self._reader.feed(data):
+                self.schedule.extend(valid_until)
+
+    def _wait(self, timeout_s: float) -> None:
+        fds = [self._wake_r] + ([self.control_fd] if self.control_fd is not None else [])
+        with contextlib.suppress(InterruptedError):
+            select.select(fds, [], [], timeout_s)
+        try:
+            while os.read(self._wake_r, 512):
+                pass
+        except OSError:
+            pass
+
+
+def exit_like(status: int) -> None:
+    """Leave the way the command did: its exit code, or death by its signal."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the command's core is not ours to dump
+        except (ImportError, OSError, ValueError):
+            pass
+        signal.set_wakeup_fd(-1)
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL's disposition cannot change
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)  # a signal that does not kill by default
+    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+
+
+def parse_args(argv: Sequence[str]) -> tuple[dict[str, float], list[str]]:
+    """`--control-fd N --parent-pid P --valid-until T --kill-grace-s G --margin-s M -- COMMAND...`"""
+    if "--" not in argv:
+        raise ValueError("no command: the arguments must end with -- COMMAND [ARGS...]")
+    split = list(argv).index("--")
+    options, command = list(argv[:split]), list(argv[split + 1 :])
+    if not command:
+        raise ValueError("the command after -- is empty")
+    names = ("--control-fd", "--parent-pid", "--valid-until", "--kill-grace-s", "--margin-s")
+    values: dict[str, float] = {}
+    while options:
+        name = options.pop(0)
+        if name not in names or not options:
+            raise ValueError(f"unknown option or missing value: {name!r}")
+        try:
+            values[name[2:].replace("-", "_")] = float(options.pop(0))
+        except ValueError:
+            raise ValueError(f"{name} takes a number") from None
+    missing = [name for name in names if name[2:].replace("-", "_") not in values]
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)}")
+    return values, command
+
+
+def main(argv: Sequence[str]) -> None:
+    try:
+        values, command = parse_args(argv)
+        schedule = Schedule(
+            valid_until=values["valid_until"],
+            kill_grace_s=values["kill_grace_s"],
+            margin_s=values["margin_s"],
+        )
+    except ValueError as exc:
+        _log("keeper_bad_arguments", error=str(exc))
+        os._exit(2)
+    keeper = Keeper(
+        command, schedule=schedule, control_fd=int(values["control_fd"]), parent_pid=int(values["parent_pid"])
+    )
+    try:
+        keeper.start()
+    except OSError as exc:
+        _log("keeper_cannot_start", command=command[0], error=exc.strerror or str(exc))
+        os._exit(EXIT_CANNOT_START)
+    exit_like(keeper.run())
+
+
+# -- the daemon's side -------------------------------------------------------------------------
+
+#: Loads this file in a bare interpreter (-I: no environment, -S: no site-packages) through the
+#: import system, so that its cached bytecode is used, under a name of its own (not `elector`).
+_BOOTSTRAP = (
+    "import sys, importlib.util as util; path = sys.argv.pop(1); "
+    "spec = util.spec_from_file_location('elector_keeper', path); keeper = util.module_from_spec(spec); "
+    "spec.loader.exec_module(keeper); keeper.main(sys.argv[1:])"
+)
+
+
+class KeeperLink:
+    """The daemon's end of one keeper: the argv that starts it, and the pipe that feeds it.
+
+    Make one per run of the command; pass `read_fd` to the child (pass_fds) and call
+    `spawned()` after the spawn. `send` never blocks: a full pipe (a keeper that does not read)
+    drops the update, which can only make the keeper stop the command earlier.
+    """
+
+    def __init__(self, *, valid_until: float, kill_grace_s: float, margin_s: float) -> None:
+        Schedule(valid_until=valid_until, kill_grace_s=kill_grace_s, margin_s=margin_s)  # checks them
+        self.valid_until = valid_until
+        self.kill_grace_s = kill_grace_s
+        self.margin_s = margin_s
+        self.read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._write_fd, False)
+        self.dropped = 0
+
+    def argv(self, command: Sequence[str]) -> list[str]:
+        return [
+            sys.executable, "-I", "-S", "-c", _BOOTSTRAP, os.path.abspath(__file__),
+            "--control-fd", str(self.read_fd),
+            "--parent-pid", str(os.getpid()),
+            "--valid-until", repr(self.valid_until),
+            "--kill-grace-s", repr(self.kill_grace_s),
+            "--margin-s", repr(self.margin_s),
+            "--", *command,
+        ]  # fmt: skip
+
+    def spawned(self) -> None:
+        """The keeper holds its end now: ours must go, or its EOF would never come."""
+        if self.read_fd >= 0:
+            os.close(self.read_fd)
+            self.read_fd = -1
+
+    def send(self, valid_until: float) -> bool:
+        """Hand the keeper a fresh validity end; False if it could not take it now."""
+        if self._write_fd < 0 or valid_until <= self.valid_until:
+            return False
+        try:
+            os.write(self._write_fd, f"{valid_until!r}\n".encode())  # < PIPE_BUF: all or nothing
+        except OSError:  # full (BlockingIOError), or the keeper is gone (BrokenPipeError)
+            self.dropped += 1
+            return False
+        self.valid_until = valid_until
+        return True
+
+    def close(self) -> None:
+        self.spawned()
+        if self._write_fd >= 0:
+            os.close(self._write_fd)
+            self._write_fd = -1
+
+
+if __name__ == "__main__":  # `python elector/daemon/execmode/keeper.py ...`; the daemon uses _BOOTSTRAP
+    main(sys.argv[1:])

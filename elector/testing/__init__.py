@@ -1,0 +1,1 @@
+"""Helpers for tests and the demo: a private, throw-away redis-server."""

