@@ -11,15 +11,18 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from elector.backend.errors import invalid_request
 from elector.lease import BackendErrorKind, Candidate, Handoff, LeaseBackendError
 
 #: Priorities are bounded so that they stay exact in Lua numbers and in the stored JSON.
 MAX_PRIORITY = 10**9
 
 
-def validate_priority(priority: int) -> int:
+def check_priority(priority: int, *, what: str) -> int:
+    """`priority` if the scripts accept it; else the LeaseBackendError (DATA) they would answer,
+    raised before anything is sent (a backend raises nothing else)."""
     if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_PRIORITY:
-        raise ValueError(f"priority must be an integer between -10^9 and 10^9, got {priority!r}")
+        raise invalid_request(what, f"priority must be an integer between -10^9 and 10^9, got {priority!r}")
     return priority
 
 

@@ -31,8 +31,10 @@ KNOWN_LEASE_VERSIONS = frozenset({1, 2})
 #: A holder that renews keeps being seen by the contenders; one not seen for this long has lost
 #: its belief in the lease long ago (it believes at most one ttl after its last renewal).
 TTL_MEMORY_TTLS = 3
-#: The longest ttl elector accepts (config.py's limit): a ttl read from Redis is capped at it.
+#: The longest ttl elector accepts (the --ttl limit): a ttl read from Redis is capped at it.
 MAX_TTL_MS = 24 * 3600 * 1000
+#: Stored values longer than this are not elector's: neither Python (codec.py) nor a script parses them.
+MAX_VALUE_BYTES = 4096
 
 #: Lua helpers for the meta hash (prepended to the scripts that use it; not a script).
 #:

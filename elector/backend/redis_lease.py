@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-import json
 import secrets
-import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import redis.asyncio
-import redis.exceptions
-from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.typing import EncodableT, KeyT
 
 from elector.backend import candidates, protocol
+from elector.backend.codec import parse_holder, release_announcement, remaining_ms
+from elector.backend.errors import invalid_request, translate_error
 from elector.backend.lua import lease as scripts
+from elector.backend.pipeline import ScriptBatcher
+from elector.backend.pubsub import LeaseEventSource
+from elector.backend.pubsub.subscriptions import RedisEventSubscription
 from elector.backend.replication import ReplicaAck, ReplicationAckError, run_script_acked
-from elector.backend.replies import _remaining, _translate, parse_event_message, parse_holder
 from elector.lease import (
     AcquireResult,
     BackendErrorKind,
@@ -28,7 +28,7 @@ from elector.lease import (
     Held,
     Lease,
     LeaseBackendError,
-    LeaseEvent,
+    LeaseEventSubscription,
     Lost,
     Observation,
     QuietPeriod,
@@ -37,24 +37,19 @@ from elector.lease import (
     StandBack,
 )
 
-if TYPE_CHECKING:
-    from elector.backend.pipeline import ScriptBatcher
-    from elector.backend.pubsub.hub import EventHub
-    from elector.lease import LeaseEventSubscription
-
 T = TypeVar("T")
-
-#: Longest identity accepted; it is stored in every lease value and published in every event.
-MAX_IDENTITY_LENGTH = 253
 
 
 class RedisLeaseBackend:
     """The `LeaseBackend` of one named lock on one Redis (standalone) server.
 
-    Several backends (one per lock) may share one client and its connection pool, one `EventHub`
-    (one pub/sub connection for every lock's announcements) and one `ScriptBatcher` (script calls
-    that fall due together go out as one pipeline). Without them: a pub/sub connection per
-    subscription, a round trip per call.
+    Several backends (one per lock) may share one client and its connection pool, one event
+    source (a `LeaseEventSource` such as the `EventHub`: one pub/sub connection for every lock's
+    announcements) and one `ScriptBatcher` (script calls that fall due together go out as one
+    pipeline). Without them: a pub/sub connection per subscription, a round trip per call.
+
+    Every method raises only LeaseBackendError, a bad argument too (a priority out of range, a
+    ttl or handoff window that is not positive: DATA, as the scripts would answer it).
 
     With `replica_ack` (--min-replicas-ack) every grant and renewal is followed by a WAIT on the
     same connection; too few acknowledgements make it a failed request (ReplicationAckError),
@@ -67,7 +62,7 @@ class RedisLeaseBackend:
         *,
         lock: str,
         key_prefix: str = "elector",
-        hub: EventHub | None = None,
+        hub: LeaseEventSource | None = None,
         batcher: ScriptBatcher | None = None,
         replica_ack: ReplicaAck | None = None,
     ) -> None:
@@ -108,7 +103,7 @@ class RedisLeaseBackend:
                 f"{self.keys.lease} or {self.keys.fencing} or {self.keys.quiet} or {self.keys.server} "
                 f"or {self.keys.meta}"
             )
-            raise _translate(exc, what=what, keys=keys) from exc
+            raise translate_error(exc, what=what, keys=keys) from exc
 
     async def _run(
         self, script: AsyncScript, *, keys: Sequence[KeyT], args: Sequence[EncodableT] = ()
@@ -133,8 +128,8 @@ class RedisLeaseBackend:
 
     async def acquire(self, identity: str, *, ttl_ms: int, priority: int = 0) -> AcquireResult:
         if ttl_ms <= 0:
-            raise ValueError(f"ttl must be positive, got {ttl_ms} ms")
-        candidates.validate_priority(priority)
+            raise invalid_request("acquire", f"ttl must be positive, got {ttl_ms} ms")
+        candidates.check_priority(priority, what="acquire")
         # After an attempt whose answer was lost (timeout, broken connection) Redis may have granted
         # it: retry with the same owner token, so the script can hand that grant back to us.
         owner_token = self._uncertain_token or secrets.token_hex(16)
@@ -155,7 +150,7 @@ class RedisLeaseBackend:
                         self.keys.meta,
                     ],
                     args=[
-                        json.dumps(identity),
+                        candidates.encode_identity(identity),
                         owner_token,
                         ttl_ms,
                         self.keys.channel,
@@ -199,7 +194,7 @@ class RedisLeaseBackend:
             if code == 3:
                 return StandBack(handoff=candidates.parse_handoff(reply[1], reply[2], what="acquire"))
         except (IndexError, TypeError, ValueError) as exc:
-            raise _translate(exc, what="acquire") from exc
+            raise translate_error(exc, what="acquire") from exc
         raise LeaseBackendError(f"acquire: unexpected reply code {code}", kind=BackendErrorKind.DATA)
 
     def _held(self, raw: bytes, pttl: int) -> Held:
@@ -221,7 +216,7 @@ class RedisLeaseBackend:
             ttl_ms = protocol.lease_ttl_ms(raw) or (pttl if pttl > 0 else None)
             if ttl_ms is not None:
                 self._ttls.note(min(ttl_ms, protocol.MAX_TTL_MS))
-        return Held(holder=holder, remaining_ms=_remaining(pttl))
+        return Held(holder=holder, remaining_ms=remaining_ms(pttl))
 
     def _saw_token(self, token: int) -> None:
         if 0 <= token < 10**15:
@@ -233,7 +228,7 @@ class RedisLeaseBackend:
         return protocol.unknown_protocol_message(lock=self._lock, where=where, version=version)
 
     async def renew(self, lease: Lease, *, priority: int = 0) -> RenewResult:
-        candidates.validate_priority(priority)
+        candidates.check_priority(priority, what="renew")
         keys = [
             self.keys.lease,
             self.keys.candidates,
@@ -253,9 +248,9 @@ class RedisLeaseBackend:
             holder = parse_holder(bytes(reply[1]))
             if holder is not None:
                 self._saw_token(holder.fencing_token)
-            return Lost(holder=holder, remaining_ms=_remaining(int(reply[2])))
+            return Lost(holder=holder, remaining_ms=remaining_ms(int(reply[2])))
         except (IndexError, TypeError, ValueError) as exc:
-            raise _translate(exc, what="renew") from exc
+            raise translate_error(exc, what="renew") from exc
 
     async def _release_unacknowledged(
         self, lease: Lease, *, owner_token: str, acked: int, ack: ReplicaAck
@@ -272,25 +267,23 @@ class RedisLeaseBackend:
     async def release(
         self, lease: Lease, *, handoff_to: str | None = None, handoff_window_ms: int = 0
     ) -> bool:
-        announcement: dict[str, object] = {
-            "event": "released",
-            "identity": lease.identity,
-            "fencing_token": lease.fencing_token,
-        }
         handoff = ""
         if handoff_to is not None:
             if handoff_window_ms <= 0:
-                raise ValueError(f"a handoff window must be positive, got {handoff_window_ms} ms")
+                raise invalid_request(
+                    "release", f"a handoff window must be positive, got {handoff_window_ms} ms"
+                )
             handoff = candidates.handoff_value(from_identity=lease.identity, to_identity=handoff_to)
-            announcement["to"] = handoff_to  # the target need not wait for its next look
-        message = json.dumps(announcement, separators=(",", ":"))
+        message = release_announcement(
+            identity=lease.identity, fencing_token=lease.fencing_token, to=handoff_to
+        )
         keys = [self.keys.lease, self.keys.handoff]
         args: list[str | int] = [lease.value, self.keys.channel, message, handoff, max(0, handoff_window_ms)]
         reply: Any = await self._call("release", lambda: self._run(self._release, keys=keys, args=args))
         try:
             return bool(int(reply))
         except (TypeError, ValueError) as exc:
-            raise _translate(exc, what="release") from exc
+            raise translate_error(exc, what="release") from exc
 
     async def withdraw(self, identity: str) -> None:
         keys = [self.keys.candidates, self.keys.candidate_expiry]
@@ -310,7 +303,7 @@ class RedisLeaseBackend:
         HandoffRefusedError when `to` already holds it, LeaseBackendError as every method.
         """
         if window_ms <= 0:
-            raise ValueError(f"a handoff window must be positive, got {window_ms} ms")
+            raise invalid_request("handoff", f"a handoff window must be positive, got {window_ms} ms")
         keys = [self.keys.lease, self.keys.handoff]
         args: list[str | int] = [candidates.encode_identity(to), window_ms, self.keys.channel]
         reply: Any = await self._call(
@@ -325,7 +318,7 @@ class RedisLeaseBackend:
             if code == 2:
                 raise candidates.HandoffRefusedError(bytes(reply[1]).decode("utf-8", "replace"))
         except (IndexError, TypeError, ValueError) as exc:
-            raise _translate(exc, what="handoff") from exc
+            raise translate_error(exc, what="handoff") from exc
         raise LeaseBackendError(f"handoff: unexpected reply code {code}", kind=BackendErrorKind.DATA)
 
     async def observe(self) -> Observation:
@@ -344,7 +337,7 @@ class RedisLeaseBackend:
                 bytes(reply[4]).decode("utf-8", "replace"),
             )
         except (IndexError, TypeError, ValueError) as exc:
-            raise _translate(exc, what="observe") from exc
+            raise translate_error(exc, what="observe") from exc
         holder = parse_holder(raw_value) if raw_value else None
         try:
             counter = int(raw_counter) if raw_counter else None
@@ -362,7 +355,7 @@ class RedisLeaseBackend:
         return Observation(
             holder=holder,
             unrecognised_value=bool(raw_value) and holder is None,
-            remaining_ms=_remaining(pttl) if raw_value else None,
+            remaining_ms=remaining_ms(pttl) if raw_value else None,
             last_fencing_token=counter,
             quiet_remaining_ms=max(0, quiet_pttl),
             unknown_protocol="; ".join(unknown) or None,
@@ -407,69 +400,3 @@ class RedisLeaseBackend:
             kwargs = self._client.connection_pool.connection_kwargs
         timeout = kwargs.get("socket_timeout")
         return float(timeout) if timeout else 1.0
-
-
-class RedisEventSubscription:
-    """A subscription to one lock's announcements, with its own keep-alive.
-
-    The idle connection is checked by a PING after `keepalive_s` of silence; any message counts
-    as a sign of life. TCP keepalive (see connection.py) catches a dead peer between PINGs.
-    """
-
-    def __init__(self, pubsub: PubSub, *, request_timeout_s: float, keepalive_s: float = 60.0) -> None:
-        self._pubsub = pubsub
-        self._request_timeout_s = request_timeout_s
-        self._keepalive_s = keepalive_s
-        self._last_heard = time.monotonic()
-        self._ping_sent_at: float | None = None
-
-    async def next_event(self, timeout_s: float) -> LeaseEvent | None:
-        deadline = time.monotonic() + max(0.0, timeout_s)
-        while True:
-            now = time.monotonic()
-            if self._ping_sent_at is not None and now - self._ping_sent_at > self._request_timeout_s:
-                raise LeaseBackendError(
-                    "subscription: no answer to a keep-alive PING", kind=BackendErrorKind.TIMEOUT
-                )
-            if self._ping_sent_at is None and now - self._last_heard >= self._keepalive_s:
-                await self._send_ping()
-                continue
-            if now >= deadline:
-                return None
-            wake = min(deadline, self._last_heard + self._keepalive_s)
-            if self._ping_sent_at is not None:
-                wake = min(wake, self._ping_sent_at + self._request_timeout_s)
-            message = await self._read(max(0.0, wake - now))
-            if message is None:
-                continue
-            self._last_heard = time.monotonic()
-            self._ping_sent_at = None
-            event = self._parse(message)
-            if event is not None:
-                return event
-
-    async def _send_ping(self) -> None:
-        try:
-            await self._pubsub.ping()
-        except Exception as exc:
-            raise _translate(exc, what="subscription keep-alive") from exc
-        self._ping_sent_at = time.monotonic()
-
-    async def _read(self, timeout_s: float) -> dict[str, Any] | None:
-        try:
-            message: dict[str, Any] | None = await self._pubsub.get_message(timeout=timeout_s)
-        except Exception as exc:
-            raise _translate(exc, what="subscription") from exc
-        if message is None and not self._pubsub.connection:
-            raise LeaseBackendError("subscription: connection closed", kind=BackendErrorKind.CONNECTION)
-        return message
-
-    @staticmethod
-    def _parse(message: dict[str, Any]) -> LeaseEvent | None:
-        return parse_event_message(message)
-
-    async def close(self) -> None:
-        try:
-            await self._pubsub.aclose()  # type: ignore[no-untyped-call]
-        except Exception:  # closing a broken connection may fail; nothing to do about it
-            return

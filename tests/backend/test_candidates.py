@@ -32,11 +32,9 @@ KEYS = scripts.LockKeys("jobs")
 
 
 @pytest.fixture
-async def raw(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
-    client = redis.asyncio.Redis.from_url(redis_url)
-    await seed_used_lock_async(client)  # skip the new-lock quiet period
-    yield client
-    await client.aclose()
+async def raw(raw: redis.asyncio.Redis) -> redis.asyncio.Redis:
+    await seed_used_lock_async(raw)  # skip the new-lock quiet period
+    return raw
 
 
 @pytest.fixture
@@ -172,10 +170,21 @@ async def test_identities_with_quotes_and_unicode_round_trip(backend) -> None:
     assert names(await backend.candidates()) == ["b"]
 
 
-async def test_priority_is_validated(backend) -> None:
-    for bad in (10**9 + 1, -(10**9) - 1, True):
-        with pytest.raises(ValueError, match="priority"):
-            await backend.acquire("a", ttl_ms=TTL_MS, priority=bad)
+async def test_a_bad_priority_is_a_backend_error_and_writes_nothing(backend, raw) -> None:
+    # The LeaseBackend protocol promises LeaseBackendError only: an election that passes a bad
+    # priority gets a failed request (DATA, as the script's own refusal), never a crash.
+    lease = await grant(backend, "a", priority=1)
+    for bad in (10**9 + 1, -(10**9) - 1, True, 1.5, "1"):
+        with pytest.raises(LeaseBackendError, match=r"^acquire: priority must be an integer .*got") as caught:
+            await backend.acquire("b", ttl_ms=TTL_MS, priority=bad)
+        assert caught.value.kind is BackendErrorKind.DATA
+        with pytest.raises(LeaseBackendError, match=r"^renew: priority must be an integer .*got") as caught:
+            await backend.renew(lease, priority=bad)
+        assert caught.value.kind is BackendErrorKind.DATA
+    assert names(await backend.candidates()) == ["a"]  # "b" was never registered
+    assert (await backend.candidates())[0].priority == 1  # nor was a's entry rewritten
+    assert await raw.pttl(KEYS.lease) > 0  # the lease stayed a's (not renewed, not lost)
+    assert isinstance(await backend.renew(lease, priority=10**9), Renewed)  # the bounds are inclusive
 
 
 async def test_the_scripts_refuse_a_bad_priority(raw) -> None:
@@ -362,8 +371,15 @@ async def test_release_that_is_not_ours_starts_no_handoff(backend_for, raw) -> N
     await asyncio.sleep(0.25)
     assert not await a.release(lease, handoff_to="b", handoff_window_ms=3000)
     assert await raw.exists(KEYS.handoff) == 0
-    with pytest.raises(ValueError, match="window"):
+    # A bad argument is a backend error like any other (the LeaseBackend protocol), never sent.
+    with pytest.raises(LeaseBackendError, match=r"^release: a handoff window must be positive") as caught:
         await a.release(lease, handoff_to="b", handoff_window_ms=0)
+    assert caught.value.kind is BackendErrorKind.DATA
+    with pytest.raises(LeaseBackendError, match=r"^handoff: a handoff window must be positive"):
+        await a.request_handoff(to="b", window_ms=0)
+    with pytest.raises(LeaseBackendError, match=r"^acquire: ttl must be positive"):
+        await a.acquire("b", ttl_ms=0)
+    assert await raw.exists(KEYS.handoff) == 0
 
 
 async def test_the_quiet_period_comes_before_the_handoff(backend, raw) -> None:

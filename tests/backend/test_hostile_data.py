@@ -141,11 +141,9 @@ def log_stream() -> Iterator[io.StringIO]:
 
 
 @pytest.fixture
-async def raw(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
-    client = redis.asyncio.Redis.from_url(redis_url)
-    await seed_used_lock_async(client, LOCK)
-    yield client
-    await client.aclose()
+async def raw(raw: redis.asyncio.Redis) -> redis.asyncio.Redis:
+    await seed_used_lock_async(raw, LOCK)
+    return raw
 
 
 @pytest.fixture

@@ -33,13 +33,6 @@ return {0, current or ''}
 
 
 @pytest.fixture
-async def raw(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
-    client = redis.asyncio.Redis.from_url(redis_url)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
 async def client_for(redis_url: str) -> AsyncIterator[Callable[..., redis.asyncio.Redis]]:
     clients: list[redis.asyncio.Redis] = []
 

@@ -49,13 +49,6 @@ async def clients() -> AsyncIterator[Callable[[str], redis.asyncio.Redis]]:
         await client.aclose()
 
 
-@pytest.fixture
-async def raw(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
-    client = redis.asyncio.Redis.from_url(redis_url)
-    yield client
-    await client.aclose()
-
-
 async def acquire_until_granted(
     backend: RedisLeaseBackend, identity: str, *, ttl_ms: int, within_s: float = 20.0
 ) -> tuple[Lease, float]:
@@ -276,7 +269,8 @@ def previous_scripts() -> types.SimpleNamespace:
     """The Lua scripts of the previous release, from git history (no venv needed)."""
     try:
         source = subprocess.run(
-            ["git", "show", f"{PREVIOUS_RELEASE}:elector/backend/lua/lease.py"],
+            # The previous release's path: the scripts were elector/backend/scripts.py then.
+            ["git", "show", f"{PREVIOUS_RELEASE}:elector/backend/scripts.py"],
             cwd=REPO,
             check=True,
             capture_output=True,

@@ -32,13 +32,6 @@ TTL_MS = 2000
 
 
 @pytest.fixture
-async def raw(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
-    client = redis.asyncio.Redis.from_url(redis_url)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
 async def backend_for(redis_url: str) -> AsyncIterator[Callable[..., RedisLeaseBackend]]:
     clients: list[redis.asyncio.Redis] = []
 

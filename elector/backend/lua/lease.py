@@ -52,6 +52,27 @@ __all__ = [
     "LockKeys",
 ]
 
+#: Lua helper of the two scripts a contender calls with its ttl, priority and identity (ACQUIRE,
+#: RENEW): read_caller(ttl, priority, identity) checks the three arguments and returns
+#: {ttl=, priority=, me=}, or nil and the error reply to return (prepended after _LIB, whose
+#: decode_identity it uses; not a script).
+_CALLER_LIB = """local function read_caller(ttl_arg, priority_arg, identity_arg)
+  local ttl = tonumber(ttl_arg)
+  if not ttl or ttl <= 0 or ttl ~= math.floor(ttl) then
+    return nil, redis.error_reply('ERR elector: ttl must be a positive integer of milliseconds')
+  end
+  local priority = tonumber(priority_arg)
+  if not priority or priority ~= math.floor(priority) or math.abs(priority) > 1e9 then
+    return nil, redis.error_reply('ERR elector: priority must be an integer between -10^9 and 10^9')
+  end
+  local me = decode_identity(identity_arg)
+  if not me then
+    return nil, redis.error_reply('ERR elector: identity must be a JSON string')
+  end
+  return {ttl = ttl, priority = priority, me = me}
+end
+"""
+
 #: Acquire: grant the lock if free, else say who holds it and for how long.
 #:
 #: KEYS[1] lease key, KEYS[2] fencing counter key, KEYS[3] quiet-period key, KEYS[4] server key,
@@ -102,19 +123,13 @@ __all__ = [
 ACQUIRE = (
     _LIB
     + protocol.META_LIB
+    + _CALLER_LIB
     + """
-local ttl = tonumber(ARGV[3])
-if not ttl or ttl <= 0 or ttl ~= math.floor(ttl) then
-  return redis.error_reply('ERR elector: ttl must be a positive integer of milliseconds')
+local caller, refusal = read_caller(ARGV[3], ARGV[5], ARGV[1])
+if not caller then
+  return refusal
 end
-local priority = tonumber(ARGV[5])
-if not priority or priority ~= math.floor(priority) or math.abs(priority) > 1e9 then
-  return redis.error_reply('ERR elector: priority must be an integer between -10^9 and 10^9')
-end
-local me = decode_identity(ARGV[1])
-if not me then
-  return redis.error_reply('ERR elector: identity must be a JSON string')
-end
+local ttl, priority, me = caller.ttl, caller.priority, caller.me
 local seen_ttl = tonumber(ARGV[6] or '0')
 if not seen_ttl or seen_ttl < 0 or seen_ttl ~= math.floor(seen_ttl) or seen_ttl > 1e12 then
   return redis.error_reply('ERR elector: the longest ttl seen must be a non-negative integer of ms')
@@ -230,19 +245,13 @@ return {1, tonumber(token), value}
 RENEW = (
     _LIB
     + protocol.META_LIB
+    + _CALLER_LIB
     + """
-local ttl = tonumber(ARGV[2])
-if not ttl or ttl <= 0 or ttl ~= math.floor(ttl) then
-  return redis.error_reply('ERR elector: ttl must be a positive integer of milliseconds')
+local caller, refusal = read_caller(ARGV[2], ARGV[4], ARGV[3])
+if not caller then
+  return refusal
 end
-local priority = tonumber(ARGV[4])
-if not priority or priority ~= math.floor(priority) or math.abs(priority) > 1e9 then
-  return redis.error_reply('ERR elector: priority must be an integer between -10^9 and 10^9')
-end
-local me = decode_identity(ARGV[3])
-if not me then
-  return redis.error_reply('ERR elector: identity must be a JSON string')
-end
+local ttl, priority, me = caller.ttl, caller.priority, caller.me
 local now_ms = server_ms()
 pcall(register, KEYS[2], KEYS[3], me, priority, now_ms, 3 * ttl)
 local current = redis.call('GET', KEYS[1])
@@ -334,9 +343,10 @@ return removed
 #:   {2, holder_identity, 0}     refused: the target already holds the lock
 #: The announcement {"event":"handoff","identity":<holder>,"fencing_token":<n>,"to":<target>}
 #: wakes the holder at once; it also finds the request at its next renewal (messages can be lost).
-#: A lease value over 4096 bytes (MAX_VALUE_BYTES of replies.py) is not elector's: not parsed.
+#: A lease value over MAX_VALUE_BYTES (protocol.py) is not elector's: not parsed.
 REQUEST_HANDOFF = (
     _LIB
+    + f"local MAX_VALUE_BYTES = {protocol.MAX_VALUE_BYTES}\n"
     + """
 local window = tonumber(ARGV[2])
 if not window or window <= 0 or window ~= math.floor(window) then
@@ -350,7 +360,7 @@ if ARGV[1] ~= 'null' then
   end
 end
 local value = redis.call('GET', KEYS[1])
-if not value or string.len(value) > 4096 then
+if not value or string.len(value) > MAX_VALUE_BYTES then
   return {0, '', 0}
 end
 local ok, lease = pcall(cjson.decode, value)

@@ -21,23 +21,26 @@ herd of re-subscribing elections costs one connection and one command, and each 
 its channel live already. Channels nobody claims back within `orphan_grace_s` are unsubscribed.
 
 The connection's own wire protocol (writer and reader tasks, replies matched in order, deadlines,
-keep-alive PING) is `PubSubLink`, in pubsub_link.py; this module keeps the subscriptions.
+keep-alive PING) is `PubSubLink`, in link.py; the subscriptions it hands out (`HubSubscription`)
+are in subscriptions.py; this module keeps track of them. A lease backend sees the hub only as a
+`LeaseEventSource` (pubsub/__init__.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Coroutine
 from typing import Any
 
 import redis.asyncio
 
+from elector.backend.codec import parse_event_message
+from elector.backend.errors import translate_error
 from elector.backend.pubsub.link import PubSubLink
-from elector.backend.pubsub.subscriptions import QueuedEvents
-from elector.backend.replies import _translate, parse_event_message
-from elector.lease import BackendErrorKind, LeaseBackendError, LeaseEvent
+from elector.backend.pubsub.subscriptions import HubSubscription
+from elector.backoff import backoff_delay_s
+from elector.lease import BackendErrorKind, LeaseBackendError
 
 logger = logging.getLogger(__name__)
 
@@ -57,43 +60,17 @@ DEFAULT_STABLE_LINK_S = 10.0
 DEFAULT_MAX_BACKOFF_S = 30.0
 
 
-def backoff_s(failures: int, *, max_backoff_s: float) -> float:
+#: Share of a cooldown drawn at random (full jitter in the upper half): hubs of many daemons
+#: behind one proxy drift apart instead of reconnecting in step.
+COOLDOWN_JITTER = 0.5
+
+
+def backoff_s(failures: int, *, max_backoff_s: float, jitter: float = 0.0) -> float:
     """The cooldown after `failures` failed links in a row: none after the first (a broken link
     is re-made at once), then RECONNECT_COOLDOWN_S doubling per failure, capped."""
     if failures <= 1:
         return 0.0
-    return min(max_backoff_s, RECONNECT_COOLDOWN_S * 2.0 ** min(failures - 2, 30))
-
-
-class HubSubscription(QueuedEvents):
-    """One lock's announcements from the hub (a `LeaseEventSubscription`).
-
-    Keep-alives are the hub's business; `next_event` only waits for its queue. Events that came
-    before the link broke are still handed out, then the error is raised.
-    """
-
-    def __init__(self, hub: EventHub, channel: str, *, queue_size: int) -> None:
-        super().__init__(maxlen=queue_size)
-        self._hub = hub
-        self.channel = channel
-        #: Announcements dropped because the election did not read them in time.
-        self.dropped = 0
-
-    def _deliver(self, event: LeaseEvent) -> None:
-        if len(self._events) == self._events.maxlen:
-            self.dropped += 1
-        self._events.append(event)
-        self._wakeup.set()
-
-    def _fail(self, error: LeaseBackendError) -> None:
-        self._error = error
-        self._wakeup.set()
-
-    async def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._wakeup.set()
-            self._hub._drop(self)
+    return backoff_delay_s(failures - 1, base_s=RECONNECT_COOLDOWN_S, cap_s=max_backoff_s, jitter=jitter)
 
 
 class EventHub:
@@ -151,7 +128,7 @@ class EventHub:
         """Subscribe to `channel`; returns once Redis confirmed it. Raises LeaseBackendError."""
         if self._closed:
             raise LeaseBackendError("subscribe: the event hub is closed", kind=BackendErrorKind.CONNECTION)
-        subscription = HubSubscription(self, channel, queue_size=self._queue_size)
+        subscription = HubSubscription(channel, queue_size=self._queue_size, on_close=self._drop)
         self._subscribers.setdefault(channel, set()).add(subscription)
         self._orphans.pop(channel, None)
         try:
@@ -212,7 +189,7 @@ class EventHub:
         try:
             conn = await self.client.connection_pool.get_connection()  # type: ignore[no-untyped-call]
         except Exception as exc:
-            raise _translate(exc, what="subscribe") from exc
+            raise translate_error(exc, what="subscribe") from exc
         self.connections_opened += 1
         link = PubSubLink(
             conn,
@@ -248,9 +225,7 @@ class EventHub:
             self._link_opened_at = asyncio.get_running_loop().time()
 
     def _backoff_s(self) -> float:
-        # Full jitter in the upper half: hubs of many daemons behind one proxy drift apart.
-        base_s = backoff_s(self.failures_in_a_row, max_backoff_s=self._max_backoff_s)
-        return base_s * random.uniform(0.5, 1.0)
+        return backoff_s(self.failures_in_a_row, max_backoff_s=self._max_backoff_s, jitter=COOLDOWN_JITTER)
 
     def _link_broken(self, link: PubSubLink, error: LeaseBackendError) -> None:
         if self._link is not link:
@@ -277,7 +252,7 @@ class EventHub:
                     del self._subscribers[subscription.channel]
             if not self._closed:
                 self._orphans.setdefault(subscription.channel, now)
-            subscription._fail(error)
+            subscription.fail(error)
         self._attached.clear()
         if self._orphans and self._orphan_timer is None and not self._closed:
             self._orphan_timer = asyncio.get_running_loop().call_later(
@@ -311,7 +286,7 @@ class EventHub:
         event = parse_event_message({"type": "message", "data": data})
         if event is not None:
             for subscription in subscribers:
-                subscription._deliver(event)
+                subscription.deliver(event)
 
     def _drop(self, subscription: HubSubscription) -> None:
         """Forget a closed subscription; the last one of a channel unsubscribes it."""

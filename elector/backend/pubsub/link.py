@@ -21,7 +21,7 @@ from typing import Any
 import redis.exceptions
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 
-from elector.backend.replies import _translate
+from elector.backend.errors import translate_error
 from elector.lease import BackendErrorKind, LeaseBackendError
 
 logger = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ class PubSubLink:
                 packed = self.conn.pack_commands([(c.name, *c.channels) for c in commands])
                 await self.conn.send_packed_command(packed, check_health=False)
         except Exception as exc:
-            self.broken(_translate(exc, what="announcements"))
+            self.broken(translate_error(exc, what="announcements"))
 
     # -- receiving -----------------------------------------------------------------------------
 
@@ -170,14 +170,14 @@ class PubSubLink:
                 except redis.exceptions.ResponseError as exc:
                     # An error answers one command (e.g. NOPERM for a channel); the link is fine.
                     self._last_heard = self.loop.time()
-                    self._answered(None, error=_translate(exc, what="subscribe"))
+                    self._answered(None, error=translate_error(exc, what="subscribe"))
                     continue
                 if response is None:
                     continue  # our own read timeout: time for a keep-alive check
                 self._last_heard = self.loop.time()
                 self._handle(response)
         except Exception as exc:
-            self.broken(_translate(exc, what="announcements"))
+            self.broken(translate_error(exc, what="announcements"))
 
     def _handle(self, response: Any) -> None:
         if isinstance(response, bytes | str):

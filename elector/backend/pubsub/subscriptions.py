@@ -1,22 +1,93 @@
-"""Lease-event subscriptions built from parts: the waiting queue, and Redlock's merged one.
+"""Every kind of lease-event subscription (`LeaseEventSubscription`) the backend hands out.
 
-`QueuedEvents` is the waiting half of a subscription: a reader fills its queue and `next_event`
-empties it; events that came before an error are still handed out, then the error is raised, and
-a closed subscription raises a connection error. The hub's per-lock subscriptions
-(backend/hub.py) and `RedlockSubscription` (every Redlock server's announcements, merged and
-de-duplicated) are built on it.
+- `RedisEventSubscription`: one lock's own pub/sub connection, with its own keep-alive (a
+  backend without a hub);
+- `HubSubscription`: one lock's announcements from the `EventHub`'s shared connection (hub.py);
+- `RedlockSubscription`: every Redlock server's announcements, merged and de-duplicated.
+
+The last two are built on `QueuedEvents`, the waiting half of a subscription: a reader fills its
+queue and `next_event` empties it; events that came before an error are still handed out, then
+the error is raised, and a closed subscription raises a connection error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
+from redis.asyncio.client import PubSub
+
+from elector.backend.codec import parse_event_message
+from elector.backend.errors import translate_error
 from elector.lease import BackendErrorKind, Holder, LeaseBackendError, LeaseEvent, LeaseEventSubscription
 
 #: Announcements remembered for de-duplication (every server publishes the same ones).
 DEDUPE_WINDOW = 256
+
+
+class RedisEventSubscription:
+    """A subscription to one lock's announcements, with its own keep-alive.
+
+    The idle connection is checked by a PING after `keepalive_s` of silence; any message counts
+    as a sign of life. TCP keepalive (see connection.py) catches a dead peer between PINGs.
+    """
+
+    def __init__(self, pubsub: PubSub, *, request_timeout_s: float, keepalive_s: float = 60.0) -> None:
+        self._pubsub = pubsub
+        self._request_timeout_s = request_timeout_s
+        self._keepalive_s = keepalive_s
+        self._last_heard = time.monotonic()
+        self._ping_sent_at: float | None = None
+
+    async def next_event(self, timeout_s: float) -> LeaseEvent | None:
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            now = time.monotonic()
+            if self._ping_sent_at is not None and now - self._ping_sent_at > self._request_timeout_s:
+                raise LeaseBackendError(
+                    "subscription: no answer to a keep-alive PING", kind=BackendErrorKind.TIMEOUT
+                )
+            if self._ping_sent_at is None and now - self._last_heard >= self._keepalive_s:
+                await self._send_ping()
+                continue
+            if now >= deadline:
+                return None
+            wake = min(deadline, self._last_heard + self._keepalive_s)
+            if self._ping_sent_at is not None:
+                wake = min(wake, self._ping_sent_at + self._request_timeout_s)
+            message = await self._read(max(0.0, wake - now))
+            if message is None:
+                continue
+            self._last_heard = time.monotonic()
+            self._ping_sent_at = None
+            event = parse_event_message(message)
+            if event is not None:
+                return event
+
+    async def _send_ping(self) -> None:
+        try:
+            await self._pubsub.ping()
+        except Exception as exc:
+            raise translate_error(exc, what="subscription keep-alive") from exc
+        self._ping_sent_at = time.monotonic()
+
+    async def _read(self, timeout_s: float) -> dict[str, Any] | None:
+        try:
+            message: dict[str, Any] | None = await self._pubsub.get_message(timeout=timeout_s)
+        except Exception as exc:
+            raise translate_error(exc, what="subscription") from exc
+        if message is None and not self._pubsub.connection:
+            raise LeaseBackendError("subscription: connection closed", kind=BackendErrorKind.CONNECTION)
+        return message
+
+    async def close(self) -> None:
+        try:
+            await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+        except Exception:  # closing a broken connection may fail; nothing to do about it
+            return
 
 
 class QueuedEvents:
@@ -47,6 +118,39 @@ class QueuedEvents:
                     await self._wakeup.wait()
             except TimeoutError:
                 pass
+
+
+class HubSubscription(QueuedEvents):
+    """One lock's announcements from the hub (a `LeaseEventSubscription`).
+
+    Keep-alives are the hub's business; `next_event` only waits for its queue. Events that came
+    before the link broke are still handed out, then the error is raised. The hub feeds it
+    (`deliver`, `fail`) and is told when it closes (`on_close`, which unsubscribes the last of a
+    channel): the subscription needs nothing else of the hub.
+    """
+
+    def __init__(self, channel: str, *, queue_size: int, on_close: Callable[[HubSubscription], None]) -> None:
+        super().__init__(maxlen=queue_size)
+        self._on_close = on_close
+        self.channel = channel
+        #: Announcements dropped because the election did not read them in time.
+        self.dropped = 0
+
+    def deliver(self, event: LeaseEvent) -> None:
+        if len(self._events) == self._events.maxlen:
+            self.dropped += 1
+        self._events.append(event)
+        self._wakeup.set()
+
+    def fail(self, error: LeaseBackendError) -> None:
+        self._error = error
+        self._wakeup.set()
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._wakeup.set()
+            self._on_close(self)
 
 
 class RedlockSubscription(QueuedEvents):

@@ -33,7 +33,7 @@ new grants for one ttl, exactly as for a standalone failover). Fencing tokens st
 from __future__ import annotations
 
 import urllib.parse
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
@@ -46,11 +46,9 @@ from elector.backend.connection import (
     tls_options,
     url_without_password,
 )
+from elector.backend.errors import translate_error
+from elector.backend.pubsub import LeaseEventSource
 from elector.backend.redis_lease import RedisLeaseBackend
-from elector.backend.replies import _translate
-
-if TYPE_CHECKING:
-    from elector.backend.pubsub.hub import EventHub
 
 CLUSTER_SCHEMES = ("redis", "rediss")
 
@@ -119,7 +117,7 @@ def cluster_hub_client(settings: RedisSettings, *, client_name: str | None = Non
 
 
 def cluster_lease_backend(
-    cluster: RedisCluster, *, lock: str, key_prefix: str = "elector", hub: EventHub | None = None
+    cluster: RedisCluster, *, lock: str, key_prefix: str = "elector", hub: LeaseEventSource | None = None
 ) -> RedisLeaseBackend:
     """The lease backend of one lock on a Redis Cluster (no ScriptBatcher: see the module doc)."""
     # RedisLeaseBackend's client is typed as the standalone client, whose command surface the
@@ -139,5 +137,5 @@ async def connect_cluster(settings: RedisSettings, *, client_name: str | None = 
         await client.initialize()
     except Exception as exc:
         await client.aclose()
-        raise _translate(exc, what="connect to the Redis Cluster") from exc
+        raise translate_error(exc, what="connect to the Redis Cluster") from exc
     return client

@@ -23,10 +23,10 @@ import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 
 from elector.backend.connection import RedisSettings, make_client, redact_url
+from elector.backend.errors import translate_error
 from elector.backend.pipeline import ScriptBatcher
 from elector.backend.pubsub.hub import EventHub
 from elector.backend.redis_lease import RedisLeaseBackend
-from elector.backend.replies import _translate
 from elector.backend.topologies.cluster import cluster_hub_client, cluster_lease_backend, make_cluster_client
 from elector.backend.topologies.redlock import RedlockLeaseBackend
 from elector.lease import LeaseBackend
@@ -105,7 +105,7 @@ class LeaseConnections:
         try:
             await self._cluster.initialize()
         except Exception as exc:
-            raise _translate(exc, what="connect to the Redis Cluster") from exc
+            raise translate_error(exc, what="connect to the Redis Cluster") from exc
 
     def backend_for(self, lock: str) -> LeaseBackend:
         """The lease backend of `lock` on these connections."""

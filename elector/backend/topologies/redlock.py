@@ -48,9 +48,12 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
+from elector.backend.candidates import check_priority
+from elector.backend.errors import invalid_request
 from elector.backend.lua import redlock as redlock_scripts
 from elector.backend.pubsub.subscriptions import RedlockSubscription
 from elector.backend.redis_lease import RedisLeaseBackend
+from elector.backoff import backoff_delay_s
 from elector.lease import (
     AcquireResult,
     BackendErrorKind,
@@ -84,6 +87,8 @@ CALL_SHARE = 0.95
 #: Random wait after a split vote: up to this many ms (at most a tenth of the ttl), doubling with
 #: each split vote in a row, up to half the ttl.
 DEFAULT_SPLIT_VOTE_BACKOFF_MS = 200
+#: Doublings of the split-vote wait at most (the half-ttl cap comes first for ttls up to ~7 min).
+SPLIT_VOTE_MAX_DOUBLINGS = 10
 
 
 class RedlockLeaseBackend:
@@ -157,7 +162,8 @@ class RedlockLeaseBackend:
 
     async def acquire(self, identity: str, *, ttl_ms: int, priority: int = 0) -> AcquireResult:
         if ttl_ms <= 0:
-            raise ValueError(f"ttl must be positive, got {ttl_ms} ms")
+            raise invalid_request("acquire", f"ttl must be positive, got {ttl_ms} ms")
+        check_priority(priority, what="acquire")
         started = self._clock()
         loop = asyncio.get_running_loop()
         t0 = loop.time()
@@ -255,8 +261,11 @@ class RedlockLeaseBackend:
         self._split_votes_in_a_row += 1
         self.split_votes += 1
         base_ms = max(1, min(self._split_vote_backoff_ms, ttl_ms // 10))
-        cap_ms = max(1, min(base_ms * 2 ** min(self._split_votes_in_a_row - 1, 10), ttl_ms // 2))
-        wait_ms = self._rng.randint(1, cap_ms)
+        # The back-off's ceiling; the wait is drawn below it in whole ms (at least 1).
+        ceiling_ms = backoff_delay_s(
+            min(self._split_votes_in_a_row, SPLIT_VOTE_MAX_DOUBLINGS + 1), base_s=base_ms, cap_s=ttl_ms // 2
+        )
+        wait_ms = self._rng.randint(1, max(1, int(ceiling_ms)))
         logger.debug(
             "split vote on lock %s: no majority for anyone; trying again in %d ms", self._lock, wait_ms
         )
@@ -265,12 +274,11 @@ class RedlockLeaseBackend:
     # -- renew, release ------------------------------------------------------------------------
 
     async def renew(self, lease: Lease, *, priority: int = 0) -> RenewResult:
+        check_priority(priority, what="renew")
         started = self._clock()
-        loop = asyncio.get_running_loop()
         results = await self._each(
             "renew",
             [b.renew(lease, priority=priority) for b in self._backends],
-            deadline=loop.time() + self._request_timeout_s * CALL_SHARE,
         )
         renewed = [i for i, result in enumerate(results) if isinstance(result, Renewed)]
         lost = [result for result in results if isinstance(result, Lost)]
@@ -310,11 +318,9 @@ class RedlockLeaseBackend:
                 "release: handoffs are not supported with Redlock (several independent servers)",
                 kind=BackendErrorKind.SERVER,
             )
-        loop = asyncio.get_running_loop()
         results = await self._each(
             "release",
             [b.release(lease) for b in self._backends],
-            deadline=loop.time() + self._request_timeout_s * CALL_SHARE,
         )
         if any(result is True for result in results):
             return True
@@ -328,11 +334,9 @@ class RedlockLeaseBackend:
         )
 
     async def withdraw(self, identity: str) -> None:
-        loop = asyncio.get_running_loop()
         results = await self._each(
             "withdraw",
             [b.withdraw(identity) for b in self._backends],
-            deadline=loop.time() + self._request_timeout_s * CALL_SHARE,
         )
         errors = [result for result in results if isinstance(result, LeaseBackendError)]
         if self.servers - len(errors) < self.majority:
@@ -346,11 +350,9 @@ class RedlockLeaseBackend:
 
     async def candidates(self) -> list[Candidate]:
         """The live candidates registered on any answering server (the freshest entry of each)."""
-        loop = asyncio.get_running_loop()
         results = await self._each(
             "candidates",
             [b.candidates() for b in self._backends],
-            deadline=loop.time() + self._request_timeout_s * CALL_SHARE,
         )
         errors = [result for result in results if isinstance(result, LeaseBackendError)]
         if self.servers - len(errors) < self.majority:
@@ -368,11 +370,9 @@ class RedlockLeaseBackend:
     # -- observe, subscribe --------------------------------------------------------------------
 
     async def observe(self) -> Observation:
-        loop = asyncio.get_running_loop()
         results = await self._each(
             "observe",
             [b.observe() for b in self._backends],
-            deadline=loop.time() + self._request_timeout_s * CALL_SHARE,
         )
         seen = [result for result in results if isinstance(result, Observation)]
         errors = [result for result in results if isinstance(result, LeaseBackendError)]
@@ -404,11 +404,9 @@ class RedlockLeaseBackend:
         )
 
     async def subscribe(self, *, keepalive_s: float = 60.0) -> LeaseEventSubscription:
-        loop = asyncio.get_running_loop()
         results = await self._each(
             "subscribe",
             [b.subscribe(keepalive_s=keepalive_s) for b in self._backends],
-            deadline=loop.time() + self._request_timeout_s * CALL_SHARE,
         )
         live = [result for result in results if not isinstance(result, LeaseBackendError)]
         errors = [result for result in results if isinstance(result, LeaseBackendError)]
@@ -424,10 +422,15 @@ class RedlockLeaseBackend:
     # -- plumbing ------------------------------------------------------------------------------
 
     async def _each(
-        self, what: str, calls: Sequence[Coroutine[Any, Any, T]], *, deadline: float
+        self, what: str, calls: Sequence[Coroutine[Any, Any, T]], *, deadline: float | None = None
     ) -> list[T | LeaseBackendError]:
-        """Run `calls` at once; each one's result, or its error (also for a late one, cancelled)."""
+        """Run `calls` at once; each one's result, or its error (also for a late one, cancelled).
+
+        `deadline` (loop time) defaults to the share of the request timeout a call may take.
+        """
         loop = asyncio.get_running_loop()
+        if deadline is None:
+            deadline = loop.time() + self._request_timeout_s * CALL_SHARE
         tasks = [loop.create_task(call) for call in calls]
         try:
             await asyncio.wait(tasks, timeout=max(0.0, deadline - loop.time()))

@@ -77,6 +77,8 @@ from typing import Any
 import redis.asyncio
 from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 
+from elector.backoff import Backoff
+
 logger = logging.getLogger(__name__)
 
 #: Channels whose messages make the watcher ask the sentinels at once (each names the master).
@@ -334,13 +336,13 @@ class SentinelMasterWatcher:
 
     async def _listen(self, sentinel: redis.asyncio.Redis) -> None:
         """Wake the poll on a failover message from this sentinel; reconnect with a back-off."""
-        backoff_s = RESUBSCRIBE_MIN_S
+        backoff = Backoff(base_s=RESUBSCRIBE_MIN_S, cap_s=RESUBSCRIBE_MAX_S)
         while True:
             pubsub = sentinel.pubsub()
             try:
                 async with asyncio.timeout(self.request_timeout_s * 2):
                     await pubsub.subscribe(*WAKE_CHANNELS)
-                backoff_s = RESUBSCRIBE_MIN_S
+                backoff.succeeded()
                 await self._read(pubsub)
             except Exception as exc:
                 logger.debug("sentinel subscription lost: %r", exc)
@@ -348,8 +350,7 @@ class SentinelMasterWatcher:
                 with contextlib.suppress(Exception, TimeoutError):
                     async with asyncio.timeout(self.request_timeout_s):
                         await pubsub.aclose()  # type: ignore[no-untyped-call]
-            await asyncio.sleep(backoff_s)
-            backoff_s = min(RESUBSCRIBE_MAX_S, backoff_s * 2)
+            await asyncio.sleep(backoff.failed())
 
     async def _read(self, pubsub: redis.asyncio.client.PubSub) -> None:
         service = self._pool.service_name

@@ -13,7 +13,8 @@ import pytest
 import redis.asyncio
 
 from elector.backend import RedisLeaseBackend, RedisSettings, make_client
-from elector.backend.pubsub.hub import EventHub, HubSubscription
+from elector.backend.pubsub.hub import COOLDOWN_JITTER, EventHub, backoff_s
+from elector.backend.pubsub.subscriptions import HubSubscription
 from elector.election import CycleOutcome, Election, ElectionHooks, ElectionTiming, OutcomeKind
 from elector.lease import BackendErrorKind, Granted, LeaseBackendError, LeaseEventKind
 from tests.support.seed import seed_used_lock_async
@@ -24,13 +25,6 @@ HUB_CLIENT = "elector-hub-test"
 
 def announcement(identity: str, token: int, event: str = "acquired") -> str:
     return json.dumps({"event": event, "identity": identity, "fencing_token": token})
-
-
-@pytest.fixture
-async def raw(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
-    client = redis.asyncio.Redis.from_url(redis_url)
-    yield client
-    await client.aclose()
 
 
 @pytest.fixture
@@ -449,3 +443,13 @@ async def test_the_back_off_starts_over_after_a_link_stayed_up(tcp_proxy: TcpPro
     finally:
         await hub.aclose()
         await client.aclose()
+
+
+def test_the_cooldown_doubles_from_the_second_failure_up_to_the_cap() -> None:
+    # No cooldown after a first failure (a broken link is re-made at once), then 0.5 s doubling.
+    assert [backoff_s(n, max_backoff_s=30.0) for n in range(1, 9)] == [0.0, 0.5, 1, 2, 4, 8, 16, 30]
+    assert backoff_s(10**6, max_backoff_s=30.0) == 30.0  # a link failing for days stays at the cap
+    # With jitter the cooldown is drawn from its upper half: never longer, never below half.
+    drawn = [backoff_s(4, max_backoff_s=30.0, jitter=COOLDOWN_JITTER) for _ in range(200)]
+    assert all(1.0 <= cooldown_s <= 2.0 for cooldown_s in drawn)
+    assert backoff_s(1, max_backoff_s=30.0, jitter=COOLDOWN_JITTER) == 0.0

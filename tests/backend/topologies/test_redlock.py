@@ -15,10 +15,20 @@ import redis.asyncio
 from elector.backend import RedisLeaseBackend, RedisSettings, RedlockLeaseBackend, make_client
 from elector.backend.lua.lease import LockKeys
 from elector.election import CycleOutcome, Election, ElectionHooks, ElectionTiming, OutcomeKind
-from elector.lease import BackendErrorKind, Granted, Held, LeaseBackendError, Lost, QuietPeriod, Renewed
+from elector.lease import (
+    BackendErrorKind,
+    Granted,
+    Held,
+    Holder,
+    LeaseBackendError,
+    Lost,
+    QuietPeriod,
+    Renewed,
+)
 from elector.testing.redis_server import RedisServerProcess
 from tests.support.seed import seed_used_lock_async
 from tests.support.tcp_proxy import TcpProxy
+from tests.support.waiting import until
 
 LOCK = "jobs"
 KEYS = LockKeys(LOCK)
@@ -96,13 +106,6 @@ async def granted(redlock: RedlockLeaseBackend, identity: str = "a", ttl_ms: int
     result = await redlock.acquire(identity, ttl_ms=ttl_ms)
     assert isinstance(result, Granted), result
     return result
-
-
-async def wait_for(predicate: Callable[[], object], timeout_s: float = 3.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 def test_refuses_too_few_or_an_even_number_of_servers() -> None:
@@ -221,6 +224,50 @@ async def test_split_vote_backs_off_randomly_and_drops_its_minority_grant(three:
     assert max(waits) > TTL_MS // 10 and max(waits) <= TTL_MS // 2
 
 
+class _HighestDraw(random.Random):
+    """Draws the top of every range: the split-vote wait is then the back-off's ceiling."""
+
+    def randint(self, a: int, b: int) -> int:
+        return b
+
+
+@pytest.mark.parametrize(
+    ("ttl_ms", "ceilings"),
+    [
+        # base = a tenth of the ttl (below 200 ms), doubling up to half the ttl
+        (2000, [200, 400, 800, 1000, 1000]),
+        (500, [50, 100, 200, 250, 250]),
+        # base 200 ms; with a long ttl the doublings stop after ten (200 * 2^10)
+        (10**7, [200, 400, 800, *[None] * 7, 204800, 204800]),
+    ],
+)
+def test_split_vote_waits_double_up_to_half_the_ttl(ttl_ms: int, ceilings: list[int | None]) -> None:
+    backends = [RedisLeaseBackend(redis.asyncio.Redis(), lock=LOCK) for _ in range(3)]
+    redlock = RedlockLeaseBackend(backends, lock=LOCK, rng=_HighestDraw())
+    a, b = (Holder(identity=name, fencing_token=1) for name in ("a", "b"))
+    # One vote each for a and b, a foreign value on the third server: nobody has a majority.
+    split = [Held(holder=a, remaining_ms=ttl_ms), Held(holder=b, remaining_ms=ttl_ms), Held(None, None)]
+    for expected in ceilings:
+        result = redlock._not_granted(list(split), ttl_ms=ttl_ms)
+        assert isinstance(result, Held) and result.remaining_ms is not None
+        if expected is not None:
+            assert result.remaining_ms == expected
+    assert redlock.split_votes == len(ceilings)
+
+
+async def test_a_bad_priority_is_a_backend_error_and_writes_nothing(three: Servers) -> None:
+    redlock = three.redlock()
+    lease = (await granted(redlock)).lease
+    for bad in (10**9 + 1, True, 1.5):
+        with pytest.raises(LeaseBackendError, match=r"^acquire: priority must be an integer") as caught:
+            await redlock.acquire("b", ttl_ms=TTL_MS, priority=bad)
+        assert caught.value.kind is BackendErrorKind.DATA
+        with pytest.raises(LeaseBackendError, match=r"^renew: priority must be an integer") as caught:
+            await redlock.renew(lease, priority=bad)
+        assert caught.value.kind is BackendErrorKind.DATA
+    assert isinstance(await redlock.renew(lease), Renewed)  # a's lease is untouched
+
+
 async def test_racing_contenders_never_both_granted(cluster_of: Callable[[int], Servers]) -> None:
     servers = cluster_of(5)
     await servers.start()
@@ -325,7 +372,7 @@ async def test_elections_end_to_end_takeover_with_a_higher_token(three: Servers)
     }
     tasks = {name: asyncio.create_task(e.run(), name=name) for name, e in elections.items()}
     try:
-        await wait_for(lambda: any(e.status().is_leader for e in elections.values()))
+        await until(lambda: any(e.status().is_leader for e in elections.values()), timeout_s=3.0)
         leader = next(name for name, e in elections.items() if e.status().is_leader)
         follower = "b" if leader == "a" else "a"
         first_token = elections[leader].status().fencing_token
@@ -341,7 +388,7 @@ async def test_elections_end_to_end_takeover_with_a_higher_token(three: Servers)
         tasks[leader].cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await tasks[leader]
-        await wait_for(lambda: elections[follower].status().is_leader, timeout_s=5.0)
+        await until(lambda: elections[follower].status().is_leader, timeout_s=5.0)
         assert time.monotonic() - killed_at <= 1.0 + 1.5  # within about a ttl (plus back-offs)
         second_token = elections[follower].status().fencing_token
         assert second_token is not None and second_token > first_token
