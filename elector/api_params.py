@@ -1,6 +1,8 @@
 """The parameters of `elector.Elector`, checked with errors that name the parameter.
 
-The daemon's own rules (timings, lock names, identities, Redis URLs), re-worded for the library:
+The rules are the daemon's, from where both take them (lock names, identities, priorities and
+the ttl's bound from `elector.lease`, timings from the election, Redis URLs from the backend's
+`RedisSettings`), with the same messages: only the name in front differs.
 `ElectorConfigError.parameter` is the keyword argument at fault, not a command-line flag.
 """
 
@@ -10,13 +12,17 @@ import dataclasses
 import math
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import redis.asyncio as aioredis
 
 from elector.backend import InvalidRedisSettingsError, RedisSettings
-from elector.daemon.settings import SettingsError
 from elector.election import ElectionTiming, InvalidTimingError
+from elector.lease import InvalidValueError, check_ttl
+
+T = TypeVar("T")
+V = TypeVar("V")
 
 #: Default time to stop leader work, as a share of the ttl (1 s for the default 10 s ttl).
 DEFAULT_STOP_WORK_SHARE = 0.1
@@ -30,11 +36,12 @@ class ElectorConfigError(ValueError):
         self.parameter = parameter
 
 
-def checked(parameter: str, validate: Callable[[str], str], value: str) -> str:
+def checked(parameter: str, check: Callable[[V], T], value: V) -> T:
+    """`check(value)`, its error (a rule of `elector.lease`) naming `parameter`."""
     try:
-        return validate(value)
-    except SettingsError as exc:
-        raise ElectorConfigError(parameter, str(exc).removeprefix(f"{exc.setting}: ")) from None
+        return check(value)
+    except InvalidValueError as exc:
+        raise ElectorConfigError(parameter, str(exc)) from None
 
 
 def is_number(value: object) -> bool:
@@ -53,6 +60,7 @@ def build_timing(
     for name, value in dict(locals()).items():  # the parameters, by their names
         if value is not None and not is_number(value):
             raise ElectorConfigError(name, f"must be a finite number of seconds, got {value!r}")
+    checked("ttl_s", check_ttl, ttl_s)
     try:
         timing = ElectionTiming.from_ttl(
             ttl_s,
@@ -102,3 +110,50 @@ def redis_source(
             stacklevel=4,
         )
     return None, redis
+
+
+#: The topology settings of `RedisSettings.validate()`, and the Elector parameters that set them.
+_TOPOLOGY_PARAMETERS = {"cluster": "cluster", "redlock_url": "redlock"}
+
+
+def redlock_urls(redlock: object, *, redis: object) -> tuple[str, ...]:
+    """`Elector(redlock=[...])`: the URLs of the Redlock servers, given instead of `redis`,
+    checked as the daemon checks `--redlock-url` (an odd number >= 3 of plain servers)."""
+    if redis is not None:
+        raise ElectorConfigError("redis, redlock", "give one or the other: redlock lists every server")
+    items = list(redlock) if isinstance(redlock, Sequence) and not isinstance(redlock, str) else None
+    urls = tuple(url for url in items or () if isinstance(url, str))
+    if items is None or len(urls) != len(items):
+        raise ElectorConfigError(
+            "redlock", f"must be a list of redis:// URLs, one per server, got {redlock!r}"
+        )
+    if not urls:
+        raise ElectorConfigError("redlock", "needs the URLs of an odd number of at least 3 servers")
+    # `url` is not used once `redlock_urls` is set: every server is checked as a redlock_url.
+    _validated(RedisSettings(redlock_urls=urls))
+    return urls
+
+
+def with_topology(
+    settings: RedisSettings | None, *, cluster: object, redlock: tuple[str, ...]
+) -> RedisSettings | None:
+    """`settings` (from `redis_source`) for a Redis Cluster or a Redlock set, checked; unchanged
+    for one server or a Sentinel set."""
+    if not isinstance(cluster, bool):
+        raise ElectorConfigError("cluster", f"must be True or False, got {cluster!r}")
+    if not cluster and not redlock:
+        return settings
+    if settings is None:
+        raise ElectorConfigError(
+            "cluster", "a Redis Cluster is reached through the URL of one of its nodes (redis=URL), "
+            "not through a client"
+        )
+    return _validated(dataclasses.replace(settings, cluster=cluster, redlock_urls=redlock))
+
+
+def _validated(settings: RedisSettings) -> RedisSettings:
+    try:
+        settings.validate()
+    except InvalidRedisSettingsError as exc:
+        raise ElectorConfigError(_TOPOLOGY_PARAMETERS.get(exc.setting, "redis"), str(exc)) from None
+    return settings

@@ -1,14 +1,22 @@
-"""Domain types shared by the election and its lease backends.
+"""Domain types shared by the election and its lease backends, and the rules of their values.
 
 This module is the bottom layer: it knows nothing about Redis. The election depends only on
 the `LeaseBackend` protocol and these values; a backend translates its own client's errors into
 `LeaseBackendError` so that no other exception type crosses the boundary.
+
+The rules of lock names, identities, priorities and ttls live here too, so that the library
+(`Elector`) and the daemon (`elector run`) refuse the same values with the same words; each
+front end only names the setting its own way (`lock: ...`, `--lock: ...`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import os
+import re
+import socket
+from collections.abc import Mapping
 from typing import Protocol
 
 
@@ -235,3 +243,74 @@ class LeaseBackend(Protocol):
     async def subscribe(self, *, keepalive_s: float) -> LeaseEventSubscription:
         """Subscribe to the lock's change announcements; check the link after `keepalive_s` of silence."""
         ...
+
+
+# --- the rules of the values ------------------------------------------------------------------
+
+#: Lock names become part of Redis keys inside a {hash tag}: no braces, no blanks, no control chars.
+LOCK_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,199}$")
+#: Longest identity accepted; it is stored in every lease value and published in every event.
+MAX_IDENTITY_LENGTH = 253
+#: Priorities of preferred leaders: far inside what the scripts accept, and any real ranking fits.
+MIN_PRIORITY, MAX_PRIORITY = -(10**6), 10**6
+#: Longest lease ttl: a leader that may vanish for more than a day without anyone taking over
+#: is a misconfiguration, and the scripts' arithmetic (3 x ttl for candidates) must stay exact.
+#: (The shortest is a timing rule: see `elector.election.timing`.)
+MAX_TTL_S = 24 * 3600.0
+
+
+class InvalidValueError(ValueError):
+    """A value breaks a rule of the domain.
+
+    `setting` is the domain's name of it: "lock", "identity", "priority" or "ttl". The message
+    does not name the setting: each front end puts its own name of it in front.
+    """
+
+    def __init__(self, setting: str, message: str) -> None:
+        super().__init__(message)
+        self.setting = setting
+
+
+def check_lock_name(name: object) -> str:
+    if not isinstance(name, str) or not LOCK_NAME_PATTERN.fullmatch(name):
+        raise InvalidValueError(
+            "lock",
+            f"{name!r} is not a valid lock name: 1-200 characters, letters, digits and . _ : / @ -, "
+            "starting with a letter or digit",
+        )
+    return name
+
+
+def check_identity(identity: object) -> str:
+    if not isinstance(identity, str):
+        raise InvalidValueError("identity", f"must be a str, got {identity!r}")
+    if not identity or len(identity) > MAX_IDENTITY_LENGTH:
+        raise InvalidValueError(
+            "identity", f"must be 1-{MAX_IDENTITY_LENGTH} characters, got {len(identity)}"
+        )
+    if not identity.isprintable() or identity != identity.strip():
+        raise InvalidValueError("identity", f"{identity!r} has control characters or surrounding blanks")
+    return identity
+
+
+def check_priority(priority: object) -> int:
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise InvalidValueError("priority", f"must be an int, got {priority!r}")
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise InvalidValueError(
+            "priority", f"must be between {MIN_PRIORITY} and {MAX_PRIORITY}, got {priority}"
+        )
+    return priority
+
+
+def check_ttl(ttl_s: float) -> float:
+    """The upper bound of the ttl, seconds (the lower bound and the rest are timing rules)."""
+    if ttl_s > MAX_TTL_S:
+        raise InvalidValueError("ttl", f"ttl must be at most {MAX_TTL_S / 3600:g}h, got {ttl_s:g}s")
+    return ttl_s
+
+
+def default_identity(environ: Mapping[str, str] | None = None) -> str:
+    """`$POD_NAME` (set from the downward API in Kubernetes), else the host name."""
+    env = os.environ if environ is None else environ
+    return env.get("POD_NAME") or socket.gethostname()

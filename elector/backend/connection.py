@@ -8,6 +8,7 @@ while the election believes a single request is in flight. The election retries 
 from __future__ import annotations
 
 import dataclasses
+import re
 import socket
 import ssl
 import urllib.parse
@@ -95,6 +96,7 @@ class RedisSettings:
         return ReplicaAck(replicas=self.min_replicas_ack, timeout_ms=max(1, round(timeout_s * 1000)))
 
     def validate(self) -> None:
+        check_redis_url(self.url)
         if sentinel.is_sentinel_url(self.url):
             self._validate_sentinel_url()
         else:
@@ -294,6 +296,44 @@ class RedisSettings:
 _FLAG_OF = {"tls_ca": "--redis-tls-ca", "tls_cert": "--redis-tls-cert", "tls_key": "--redis-tls-key"}
 #: The URL query option redis-py reads for the same file.
 _URL_OPTION_OF = {"tls_ca": "ssl_ca_certs", "tls_cert": "ssl_certfile", "tls_key": "ssl_keyfile"}
+
+
+#: A host in a redis:// URL: a DNS name (underscores allowed: compose service names) or IPv4.
+_URL_HOST = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,251}[A-Za-z0-9_])?\.?")
+_URL_DB_PATH = re.compile(r"/?|/\d{1,5}")
+
+
+def check_redis_url(url: str) -> None:
+    """Refuse what redis-py would accept silently and then never reach, or reach wrongly: it
+    reads `/abc` or `/-1` as database 0 (or fails every request with it), takes port 0 for 6379
+    and keeps the first of repeated query options. Other schemes, and anything unparsable, are
+    left to the rest of `RedisSettings.validate`, which runs this first and reports them."""
+    if any(not char.isprintable() for char in url):
+        # urlsplit drops tabs and newlines without a word: "redis://h\n:6379" would become h:6379.
+        raise InvalidRedisSettingsError("the redis URL contains control characters (a stray newline?)")
+    try:
+        parsed = urllib.parse.urlsplit(url)
+        port = parsed.port
+    except ValueError:
+        return
+    if parsed.scheme not in ("redis", "rediss", "unix"):
+        return
+    options = [name for name, _ in urllib.parse.parse_qsl(parsed.query, keep_blank_values=True)]
+    repeated = sorted({name for name in options if options.count(name) > 1})
+    host, tcp = parsed.hostname or "", parsed.scheme != "unix"
+    if repeated:
+        problem = f"the redis URL gives the option {repeated[0]!r} more than once"
+    elif tcp and port == 0:
+        problem = "the redis URL has port 0; give the server's port (default 6379)"
+    elif tcp and host and ":" not in host and not _URL_HOST.fullmatch(host):
+        problem = f"the redis URL has an invalid host {host!r}"
+    elif tcp and not _URL_DB_PATH.fullmatch(parsed.path):
+        problem = "the redis URL's path must be a database number, e.g. /0"
+    elif tcp and parsed.path.strip("/") and "db" in options:
+        problem = "the redis URL gives the database twice (path and ?db=)"
+    else:
+        return
+    raise InvalidRedisSettingsError(f"{problem}: {redact_url(url)}")
 
 
 def _scheme(url: str) -> str:

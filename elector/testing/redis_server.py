@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import random
 import re
 import shutil
 import signal
@@ -71,8 +72,46 @@ def find_redis_server() -> str:
     )
 
 
+#: Under pytest-xdist each worker takes ports from a block of its own, below the kernel's ephemeral
+#: range (32768-60999 by default): a port the OS handed to one worker "free a moment ago" could
+#: otherwise go to another worker's server before the first one binds it.
+_WORKER_PORTS_FROM = 20_000
+_WORKER_PORTS_EACH = 1_500
+_WORKER_BLOCKS = 8
+_next_worker_port: list[int] = []
+
+
+def _worker_block() -> int | None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ...
+    if worker.startswith("gw") and worker[2:].isdigit() and int(worker[2:]) < _WORKER_BLOCKS:
+        return _WORKER_PORTS_FROM + int(worker[2:]) * _WORKER_PORTS_EACH
+    return None
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def free_tcp_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    """A TCP port on 127.0.0.1 that was free a moment ago.
+
+    The OS picks it, except under pytest-xdist, where each worker walks its own block of ports
+    (starting at a random place, so that a worker's subprocesses rarely start where it does).
+    """
+    start = _worker_block()
+    if start is not None:
+        if not _next_worker_port:
+            _next_worker_port.append(random.randrange(_WORKER_PORTS_EACH))
+        for _ in range(_WORKER_PORTS_EACH):
+            offset = _next_worker_port[0]
+            _next_worker_port[0] = (offset + 1) % _WORKER_PORTS_EACH
+            if _bindable(start + offset):
+                return start + offset
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]

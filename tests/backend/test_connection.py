@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from elector.backend import InvalidRedisSettingsError, RedisSettings, make_client, redact_url
+from elector.backend.connection import check_redis_url
 
 # --- redact_url ------------------------------------------------------------------------------
 
@@ -46,13 +48,46 @@ def test_redact_url(url: str, expected: str) -> None:
         ("redis://app:Tr0ub4dor?secret@h:6379/0", "percent-encode it"),
         ("redis://app:a/secret@h:6379/0", "percent-encode it"),
         ("redis://h:6379/0?socket_timeout=3", "'socket_timeout' is not supported"),
-        ("redis://h:6379/0?db=x", "Invalid value for 'db'"),
+        ("redis://h:6379?db=x", "Invalid value for 'db'"),
+        # What redis-py would take silently, then never reach or reach wrongly (check_redis_url).
+        ("redis://h:6379/0?db=x", "gives the database twice"),
+        ("redis://:secret@h:0/0", "port 0"),
+        ("redis://:secret@h/abc", "must be a database number"),
+        ("redis://h/0/1", "must be a database number"),
+        ("redis://re dis:6379", "invalid host"),
+        ("redis://h?db=1&db=1", "'db' more than once"),
+        ("unix:///run/r.sock?db=1&db=2", "more than once"),
+        ("redis://h\n:6379", "control characters"),
+        ("redis+sentinel://s1:26379/m\t", "control characters"),
     ],
 )
 def test_bad_urls_are_refused_with_a_clear_message_and_no_secret(url: str, fragment: str) -> None:
-    with pytest.raises(InvalidRedisSettingsError, match=fragment) as info:
+    with pytest.raises(InvalidRedisSettingsError, match=re.escape(fragment)) as info:
         RedisSettings(url=url).validate()
+    assert info.value.setting == "url"
     assert "secret" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://h",
+        "redis://h:6379/",
+        "rediss://u:p@h:6380/15",
+        "unix:///run/r.sock?db=2",
+        "redis://[::1]:6379/0",
+    ],
+)
+def test_good_urls_pass_the_shape_check(url: str) -> None:
+    check_redis_url(url)
+    RedisSettings(url=url).validate()
+
+
+def test_every_redlock_server_gets_the_shape_check() -> None:
+    urls = ("redis://a:1/0", "redis://b:0/0", "redis://c:1/0")
+    with pytest.raises(InvalidRedisSettingsError, match="port 0") as info:
+        RedisSettings(redlock_urls=urls).validate()
+    assert info.value.setting == "redlock_url"
 
 
 def test_password_file_is_read_and_stripped(tmp_path: Path) -> None:

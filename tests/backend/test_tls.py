@@ -96,7 +96,7 @@ def test_tls_settings_are_checked_at_start_up(tmp_path: Path) -> None:
         ),
     ]
     for kwargs, flag, fragment in cases:
-        redis_kwargs = {f"redis_{key}": value for key, value in kwargs.items()}
+        redis_kwargs = {f"redis_{key.removesuffix('_file')}": value for key, value in kwargs.items()}
         with pytest.raises(SettingsError) as info:
             build_settings(lock="jobs", identity="pod-a", **redis_kwargs)  # type: ignore[arg-type]
         assert flag in str(info.value) and fragment in str(info.value), (kwargs, str(info.value))

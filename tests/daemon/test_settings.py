@@ -1,18 +1,21 @@
-"""Settings parsing and validation: durations, lock names, identities, and `build_settings`."""
+"""The daemon's settings: `build_settings` and the flags its errors name.
+
+The rules themselves (lock names, identities, priorities, the ttl's bound) are the domain's and
+tested in tests/test_lease_rules.py; durations are parsed by the command line (tests/cli).
+"""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from elector.daemon.settings import (
+    RUN_SETTINGS,
     SettingsError,
     build_settings,
-    default_identity,
-    parse_duration,
+    flag_of,
     validate_identity,
     validate_lock_name,
 )
@@ -27,127 +30,35 @@ def _settings(**overrides: Any) -> Any:
     return build_settings(**kwargs)
 
 
-# --- parse_duration -------------------------------------------------------------------------
+# --- the domain's rules, naming the daemon's flags ----------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("text", "seconds"),
-    [
-        ("10s", 10.0),
-        ("500ms", 0.5),
-        ("1m", 60.0),
-        ("1m30s", 90.0),
-        ("1.5s", 1.5),
-        ("0", 0.0),
-        ("0.0", 0.0),
-        ("2h", 7200.0),
-        ("250us", 0.00025),
-        ("250µs", 0.00025),
-        (".5s", 0.5),
-        ("1h2m3s", 3723.0),
-        ("0s", 0.0),
-        (" 10s ", 10.0),
-    ],
-)
-def test_parse_duration_valid(text: str, seconds: float) -> None:
-    assert parse_duration(text) == pytest.approx(seconds, rel=1e-12, abs=1e-12)
-
-
-@pytest.mark.parametrize("text", ["10", "", "abc", "10x", "-1s", "1s2", "s", "   ", "10 parsecs", "1e3s"])
-def test_parse_duration_invalid_gives_a_hint(text: str) -> None:
-    with pytest.raises(ValueError, match="10s") as caught:
-        parse_duration(text)
-    # Not a bare float() error: the message is written for a person.
-    assert "could not convert" not in str(caught.value)
-
-
-def test_parse_duration_bare_number_suggests_units_for_that_number() -> None:
-    with pytest.raises(ValueError, match="no unit") as caught:
-        parse_duration("1.5")
-    assert "1.5s" in str(caught.value) and "1.5ms" in str(caught.value)
-
-
-# --- lock names ---------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "name",
-    ["app", "a", "0lock", "my-app", "team/app.v2", "ns:app@prod", "A_b-c.d", "x" * 200],
-)
-def test_validate_lock_name_accepts_typical_names(name: str) -> None:
-    assert validate_lock_name(name) == name
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        "",
-        "{x}",
-        "a{b",
-        "a}b",
-        "a b",
-        " a",
-        "a\tb",
-        "a\nb",
-        "abc\n",
-        "a\x00b",
-        "a\x1bb",
-        "-leading-dash",
-        ".hidden",
-        "x" * 201,
-        "ünicode",
-    ],
-    ids=repr,
-)
-def test_validate_lock_name_rejects(name: str) -> None:
+@pytest.mark.parametrize("name", ["{x}", "a b", "x" * 201])
+def test_a_bad_lock_name_names_the_lock_flag(name: str) -> None:
     with pytest.raises(SettingsError) as caught:
         validate_lock_name(name)
-    assert caught.value.setting == "--lock"
+    assert (caught.value.names, caught.value.setting) == (("lock",), "--lock")
     assert str(caught.value).startswith("--lock: ")
     assert "1-200 characters" in str(caught.value)
 
 
-# --- identities ---------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("identity", ["pod-0", "web-7f9c-abcde", "réplica 1", "i" * 253])
-def test_validate_identity_accepts(identity: str) -> None:
-    assert validate_identity(identity) == identity
-
-
-@pytest.mark.parametrize(
-    ("identity", "fragment"),
-    [
-        ("", "1-253 characters, got 0"),
-        ("i" * 254, "got 254"),
-        (" pod", "surrounding blanks"),
-        ("pod ", "surrounding blanks"),
-        ("pod\n", "control characters"),
-        ("pod\x1b[31m", "control characters"),
-    ],
-    ids=repr,
-)
-def test_validate_identity_rejects(identity: str, fragment: str) -> None:
+@pytest.mark.parametrize(("identity", "fragment"), [("", "got 0"), ("pod\n", "control characters")])
+def test_a_bad_identity_names_the_identity_flag(identity: str, fragment: str) -> None:
     with pytest.raises(SettingsError, match=r"^--identity: ") as caught:
         validate_identity(identity)
     assert caught.value.setting == "--identity"
     assert fragment in str(caught.value)
 
 
-def test_default_identity_prefers_pod_name() -> None:
-    assert default_identity({"POD_NAME": "web-0", "HOSTNAME": "ignored"}) == "web-0"
+def test_good_names_pass_unchanged() -> None:
+    assert validate_lock_name("team/app.v2") == "team/app.v2"
+    assert validate_identity("réplica 1") == "réplica 1"
 
 
-@pytest.mark.parametrize("environ", [{}, {"POD_NAME": ""}])
-def test_default_identity_falls_back_to_the_host_name(environ: dict[str, str]) -> None:
-    assert default_identity(environ) == socket.gethostname()
-
-
-def test_default_identity_reads_the_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("POD_NAME", "from-env-0")
-    assert default_identity() == "from-env-0"
-    monkeypatch.delenv("POD_NAME")
-    assert default_identity() == socket.gethostname()
+def test_every_setting_has_a_flag_of_its_own() -> None:
+    flags = {flag_of(name) for name in RUN_SETTINGS}
+    assert len(flags) == len(RUN_SETTINGS)
+    assert {"--ttl", "--redis-tls-ca", "--redlock-url", "--kill-grace", "--lock"} <= flags
 
 
 # --- build_settings -----------------------------------------------------------------------
@@ -174,7 +85,7 @@ def test_build_settings_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_build_settings_derives_a_short_request_timeout_from_a_short_ttl() -> None:
-    settings = _settings(ttl_s=1.0)
+    settings = _settings(ttl=1.0)
     assert settings.timing.renew_interval_s == pytest.approx(0.3)
     assert settings.timing.request_timeout_s == pytest.approx(0.15)
     assert settings.redis.request_timeout_s == pytest.approx(0.15)
@@ -184,10 +95,10 @@ def test_build_settings_keeps_explicit_values(tmp_path: Path) -> None:
     password_file = tmp_path / "password"
     password_file.write_text("s3cret\n")
     settings = _settings(
-        ttl_s=30.0,
-        renew_interval_s=5.0,
-        renew_deadline_s=20.0,
-        request_timeout_s=0.5,
+        ttl=30.0,
+        renew_interval=5.0,
+        renew_deadline=20.0,
+        request_timeout=0.5,
         redis_password_file=password_file,
         http_address="127.0.0.1:9090",
         log_format="json",
@@ -205,7 +116,7 @@ def test_build_settings_keeps_explicit_values(tmp_path: Path) -> None:
 
 def test_renew_deadline_within_the_safety_margin_is_accepted() -> None:
     # 9s + (1% of 10s + 5ms) < 10s: valid by the documented invariant.
-    assert _settings(ttl_s=10.0, renew_deadline_s=9.0).timing.renew_deadline_s == 9.0
+    assert _settings(ttl=10.0, renew_deadline=9.0).timing.renew_deadline_s == 9.0
 
 
 def _empty_file(tmp_path: Path) -> Path:
@@ -217,18 +128,16 @@ def _empty_file(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     ("overrides", "setting", "fragment"),
     [
-        pytest.param({"ttl_s": 0.1}, "--ttl", "at least 500ms", id="ttl-too-short"),
-        pytest.param({"ttl_s": 3.0, "renew_interval_s": 5.0}, "--renew-interval", "5000ms", id="interval"),
+        pytest.param({"ttl": 0.1}, "--ttl", "at least 500ms", id="ttl-too-short"),
+        pytest.param({"ttl": 3.0, "renew_interval": 5.0}, "--renew-interval", "5000ms", id="interval"),
         pytest.param(
-            {"renew_deadline_s": 1.0, "renew_interval_s": 2.0},
+            {"renew_deadline": 1.0, "renew_interval": 2.0},
             "--renew-deadline",
             "must be longer than the renew interval",
             id="deadline-below-interval",
         ),
-        pytest.param({"renew_deadline_s": 9.95}, "--renew-deadline", "safety margin", id="deadline-margin"),
-        pytest.param(
-            {"request_timeout_s": 5.0}, "--request-timeout", "request timeout", id="request-timeout"
-        ),
+        pytest.param({"renew_deadline": 9.95}, "--renew-deadline", "safety margin", id="deadline-margin"),
+        pytest.param({"request_timeout": 5.0}, "--request-timeout", "request timeout", id="request-timeout"),
         pytest.param({"redis_url": "http://x"}, "--redis-url", "redis://", id="url-scheme"),
         pytest.param({"redis_url": "redis://h:99999"}, "--redis-url", "invalid port", id="url-port"),
         pytest.param({"redis_url": "redis:///0"}, "--redis-url", "no host", id="url-no-host"),
@@ -267,10 +176,10 @@ def test_build_settings_empty_password_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "flags", "default_note"),
     [
-        ({"ttl_s": 0.1}, "--ttl", None),
-        ({"ttl_s": 3.0, "renew_interval_s": 5.0}, "--renew-deadline, --renew-interval", "2/3 of the ttl"),
-        ({"ttl_s": 10.0, "request_timeout_s": 5.0}, "--request-timeout, --renew-interval", "0.3 x ttl"),
-        ({"ttl_s": 10.0, "renew_deadline_s": 9.95}, "--renew-deadline, --ttl", None),
+        ({"ttl": 0.1}, "--ttl", None),
+        ({"ttl": 3.0, "renew_interval": 5.0}, "--renew-deadline, --renew-interval", "2/3 of the ttl"),
+        ({"ttl": 10.0, "request_timeout": 5.0}, "--request-timeout, --renew-interval", "0.3 x ttl"),
+        ({"ttl": 10.0, "renew_deadline": 9.95}, "--renew-deadline, --ttl", None),
     ],
 )
 def test_build_settings_timing_error_names_exactly_the_flags_involved(
@@ -336,7 +245,7 @@ def test_exec_mode_default_kill_grace_is_a_fifth_of_the_ttl_and_counts_in_the_ma
     ttl_s: float, expected_grace_s: float
 ) -> None:
     settings = build_settings(
-        lock="x", identity="pod", redis_url=UNREACHABLE_URL, ttl_s=ttl_s, command=["true"]
+        lock="x", identity="pod", redis_url=UNREACHABLE_URL, ttl=ttl_s, command=["true"]
     )
     assert settings.exec is not None
     assert settings.exec.kill_grace_s == pytest.approx(expected_grace_s)
@@ -351,8 +260,8 @@ def test_default_kill_grace_shrinks_to_fit_a_late_renew_deadline() -> None:
         lock="x",
         identity="pod",
         redis_url=UNREACHABLE_URL,
-        ttl_s=10.0,
-        renew_deadline_s=8.5,
+        ttl=10.0,
+        renew_deadline=8.5,
         command=["true"],
     )
     assert settings.exec is not None
@@ -367,8 +276,8 @@ def test_kill_grace_that_does_not_fit_says_how_much_does() -> None:
             lock="x",
             identity="pod",
             redis_url=UNREACHABLE_URL,
-            ttl_s=10.0,
-            kill_grace_s=5.0,
+            ttl=10.0,
+            kill_grace=5.0,
             command=["true"],
         )
 

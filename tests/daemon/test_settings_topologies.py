@@ -20,13 +20,13 @@ SENTINEL = "redis+sentinel://s1:26379,s2:26379,s3:26379/mymaster"
     [
         ({}, None),
         ({"min_replicas_ack": 1}, ReplicaAck(replicas=1, timeout_ms=225)),  # half the 450ms request timeout
-        ({"min_replicas_ack": 2, "replicas_ack_timeout_s": 0.2}, ReplicaAck(replicas=2, timeout_ms=200)),
+        ({"min_replicas_ack": 2, "replicas_ack_timeout": 0.2}, ReplicaAck(replicas=2, timeout_ms=200)),
         ({"redis_url": SENTINEL, "min_replicas_ack": 1}, ReplicaAck(replicas=1, timeout_ms=225)),
     ],
 )
 def test_good_topology_settings(kwargs: dict[str, Any], expected_ack: ReplicaAck | None) -> None:
     settings = build_settings(
-        lock="jobs", identity="pod-a", **{"redis_url": "redis://h:6379/0", "ttl_s": 3.0, **kwargs}
+        lock="jobs", identity="pod-a", **{"redis_url": "redis://h:6379/0", "ttl": 3.0, **kwargs}
     )
     assert settings.redis.replica_ack == expected_ack
 
@@ -35,16 +35,16 @@ def test_good_topology_settings(kwargs: dict[str, Any], expected_ack: ReplicaAck
     ("kwargs", "flag", "fragment"),
     [
         ({"min_replicas_ack": -1}, "--min-replicas-ack", "from 0 to 100"),
-        ({"replicas_ack_timeout_s": 0.1}, "--replicas-ack-timeout", "only applies with"),
-        ({"min_replicas_ack": 1, "replicas_ack_timeout_s": 5.0}, "--replicas-ack-timeout", "shorter than"),
+        ({"replicas_ack_timeout": 0.1}, "--replicas-ack-timeout", "only applies with"),
+        ({"min_replicas_ack": 1, "replicas_ack_timeout": 5.0}, "--replicas-ack-timeout", "shorter than"),
         ({"redis_url": "redis+sentinel://s1:26379"}, "--redis-url", "no master name"),
-        ({"redis_tls_ca_file": Path("/nonexistent/ca.pem")}, "--redis-tls-ca", "rediss://"),
+        ({"redis_tls_ca": Path("/nonexistent/ca.pem")}, "--redis-tls-ca", "rediss://"),
     ],
 )
 def test_bad_topology_settings_name_the_option(kwargs: dict[str, Any], flag: str, fragment: str) -> None:
     with pytest.raises(SettingsError) as info:
         build_settings(
-            lock="jobs", identity="pod-a", **{"redis_url": "redis://h:6379/0", "ttl_s": 3.0, **kwargs}
+            lock="jobs", identity="pod-a", **{"redis_url": "redis://h:6379/0", "ttl": 3.0, **kwargs}
         )
     assert flag in str(info.value) and fragment in str(info.value), str(info.value)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -40,6 +41,44 @@ def test_bad_settings_exit_2_naming_the_setting(args: list[str], message: str) -
     result = CliRunner().invoke(cli, ["operator", *args])
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+def test_the_settings_reach_the_operator(monkeypatch: pytest.MonkeyPatch) -> None:
+    from elector.kube.operator.runner import OperatorSettings  # kopf: only where it is needed
+
+    seen: list[tuple[object, dict[str, str]]] = []
+
+    def run(settings: object, **logs: str) -> int:
+        seen.append((settings, logs))
+        return 0
+
+    monkeypatch.setattr(operator_cli, "run_operator_command", run)
+    args = [
+        "operator",
+        "--namespace",
+        "a b",
+        "--ttl",
+        "1m30s",
+        "--log-level",
+        "CRITICAL",
+        "--identity",
+        "op-1",
+    ]
+    result = CliRunner().invoke(cli, args, env={"ELECTOR_REDIS_URL": "redis://r:6379/1"})
+    assert result.exit_code == 0, result.output
+    ((settings, logs),) = seen
+    assert isinstance(settings, OperatorSettings)
+    assert (settings.ttl_s, settings.namespaces, settings.identity) == (90.0, ("a", "b"), "op-1")
+    assert (settings.lock, settings.redis.url) == ("elector-operator", "redis://r:6379/1")
+    assert logs == {"log_format": "auto", "log_level": "critical"}
+
+
+def test_tls_files_are_checked_as_the_daemon_checks_them(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not a certificate\n")
+    result = CliRunner().invoke(cli, ["operator", "--namespace", "a", "--redis-tls-ca", str(ca)])
+    assert result.exit_code == 2
+    assert "invalid setting --redis-tls-ca: --redis-tls-ca only apply to TLS connections" in result.output
 
 
 def _spec(**changes: object) -> dict[str, object]:

@@ -1,0 +1,373 @@
+"""The commands' settings, each declared once: name, flag, variable, type, default and help.
+
+A setting's name is the command's parameter and the keyword of the code that checks it
+(`build_settings` for `elector run`, which gets the parameters as they are); its flag
+(`--redis-url`) and its environment variable (`ELECTOR_REDIS_URL`) follow from the name, and so
+do the messages: a bad setting is reported by its name (`SettingsError.names`), which gives its
+flag and, when a variable set it, the variable. Commands that share a setting share its
+declaration (`Option.but` changes what one command shows differently, such as its help).
+
+Light on purpose: click and the standard library only, since every command imports this module
+and `elector leader-file check` runs every second as a probe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import click
+from click.core import ParameterSource
+
+if TYPE_CHECKING:
+    from elector.backend import RedisSettings
+    from elector.daemon.settings import SettingsError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+CONTEXT: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?|\.\d+)(ms|us|µs|s|m|h)")
+_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, "us": 1e-6, "µs": 1e-6}
+#: Longest duration any option takes: beyond it a value is a typo, and far larger ones overflow
+#: timers and Redis' millisecond expiries (PX) at run time instead of failing at start-up.
+MAX_DURATION_S = 7 * 24 * 3600.0
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from a Go-style duration: `10s`, `500ms`, `1m`, `1m30s`, `1.5s`.
+
+    A bare number is refused (except 0): `10` could mean seconds or milliseconds.
+    """
+    cleaned = text.strip().replace(" ", "")
+    if re.fullmatch(r"0+(\.0*)?", cleaned):
+        return 0.0
+    if not cleaned:
+        raise ValueError("empty duration; write e.g. 10s or 500ms")
+    if re.fullmatch(r"\d+(\.\d+)?", cleaned):
+        raise ValueError(f"{text!r} has no unit; write e.g. {cleaned}s or {cleaned}ms")
+    position, total = 0, 0.0
+    for match in _DURATION_PART.finditer(cleaned):
+        if match.start() != position:
+            break
+        total += float(match.group(1)) * _UNIT_S[match.group(2)]
+        position = match.end()
+    if position != len(cleaned):
+        raise ValueError(f"{text!r} is not a duration; write e.g. 10s, 500ms, 1m or 1m30s")
+    if not total <= MAX_DURATION_S:  # also catches inf from absurdly many digits
+        raise ValueError(f"{text!r} is too long: at most {MAX_DURATION_S / 86400:g} days")
+    return total
+
+
+class Duration(click.ParamType):  # type: ignore[type-arg]
+    """A duration such as 10s, 500ms, 1m or 1m30s, converted to seconds."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, int | float):
+            return float(value)
+        try:
+            return parse_duration(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+DURATION = Duration()
+FILE = click.Path(dir_okay=False, path_type=Path)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Option:
+    """One setting of the command line. Its flag and variable are derived from `name`."""
+
+    name: str
+    help: str | None = None
+    type: Any = None
+    #: None: no default (the option is unset unless given); shown in --help otherwise.
+    default: Any = None
+    multiple: bool = False
+    is_flag: bool = False
+    required: bool = False
+    #: False for the few options no variable sets (the demo's).
+    from_env: bool = True
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def envvar(self) -> str | None:
+        return f"ELECTOR_{self.name.upper()}" if self.from_env else None
+
+    def but(self, **changes: Any) -> Option:
+        """This setting as another command shows it (another help text, default, ...)."""
+        return dataclasses.replace(self, **changes)
+
+    def __call__(self, func: F) -> F:
+        # Only what is set: click reads an explicit `is_flag=False` as "the value is optional",
+        # and `--kill-grace -1s` would then be taken for an option named -1.
+        extra: dict[str, Any] = {}
+        if self.type is not None:
+            extra["type"] = self.type
+        if self.default is not None:
+            extra.update(default=self.default, show_default=True)
+        if self.from_env:
+            extra.update(envvar=self.envvar, show_envvar=True)
+        if self.multiple:
+            extra["multiple"] = True
+        if self.is_flag:
+            extra["is_flag"] = True
+        decorate = click.option(self.flag, self.name, required=self.required, help=self.help, **extra)
+        return decorate(func)
+
+
+def options(*declared: Option) -> Callable[[F], F]:
+    """The click options of `declared`, shown in --help in this order."""
+
+    def decorate(func: F) -> F:
+        for option in reversed(declared):  # click lists the last-applied decorator first
+            func = option(func)
+        return func
+
+    return decorate
+
+
+def invalid_setting(exc: SettingsError) -> click.UsageError:
+    """The exit-2 error of a bad setting; names the variable too when the value came from one."""
+    ctx = click.get_current_context()
+    params = {param.name: param for param in ctx.command.params}
+    variables = [
+        str(params[name].envvar)
+        for name in exc.names
+        if name in params and ctx.get_parameter_source(name) is ParameterSource.ENVIRONMENT
+    ]
+    source = f" (set by {', '.join(variables)})" if variables else ""
+    return click.UsageError(f"invalid setting {exc.setting}{source}: {exc.message}")
+
+
+# --- Redis: every command that reaches it ------------------------------------------------------
+
+REDIS_URL = Option(
+    "redis_url",
+    default="redis://localhost:6379/0",
+    help="redis://[user[:password]@]host[:port][/db], rediss:// for TLS, unix:///path, or "
+    "redis+sentinel://[user[:password]@]host1[:port1],host2[:port2]/MASTER[/db] (rediss+sentinel:// "
+    "for TLS) to follow the master Sentinel names.",
+)
+REDIS_PASSWORD_FILE = Option(
+    "redis_password_file",
+    type=FILE,
+    help="File holding the Redis password (e.g. a mounted Secret); overrides the URL's.",
+)
+REDIS_TLS_CA = Option("redis_tls_ca", type=FILE, help="rediss:// only: PEM file of the CA certificates.")
+REDIS_TLS_CERT = Option(
+    "redis_tls_cert", type=FILE, help="rediss:// only: PEM file of the client certificate."
+)
+REDIS_TLS_KEY = Option("redis_tls_key", type=FILE, help="rediss:// only: PEM file of the private key.")
+REDIS_CONNECTION = (REDIS_URL, REDIS_PASSWORD_FILE, REDIS_TLS_CA, REDIS_TLS_CERT, REDIS_TLS_KEY)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RedisConnection:
+    """The REDIS_CONNECTION options of a command, as one value (see `redis_connection`)."""
+
+    url: str
+    password_file: Path | None
+    tls_ca: Path | None
+    tls_cert: Path | None
+    tls_key: Path | None
+
+    def url_with_tls(self) -> str:
+        """The URL with the TLS files as its ssl_* query options, which redis-py reads the same
+        way (for the commands that take a URL rather than TLS settings)."""
+        files = {"ssl_ca_certs": self.tls_ca, "ssl_certfile": self.tls_cert, "ssl_keyfile": self.tls_key}
+        given = {option: str(path) for option, path in files.items() if path is not None}
+        if not given:
+            return self.url
+        base, _, fragment = self.url.partition("#")
+        separator = "&" if "?" in base else "?"
+        query = urllib.parse.urlencode(given)
+        return f"{base}{separator}{query}" + (f"#{fragment}" if fragment else "")
+
+    def settings(self) -> RedisSettings:
+        """Unchecked: `RedisSettings.validate` checks them."""
+        from elector.backend import RedisSettings
+
+        return RedisSettings(
+            url=self.url,
+            password_file=self.password_file,
+            tls_ca_file=self.tls_ca,
+            tls_cert_file=self.tls_cert,
+            tls_key_file=self.tls_key,
+        )
+
+
+def redis_connection(*declared: Option) -> Callable[[F], F]:
+    """The REDIS_CONNECTION options (or variants of them, in the same order), passed to the
+    command as one keyword, `redis: RedisConnection`."""
+    names = [option.name for option in declared]
+    assert names == [option.name for option in REDIS_CONNECTION], names
+
+    def decorate(func: F) -> F:
+        @functools.wraps(func)
+        def command(**params: Any) -> Any:
+            return func(redis=RedisConnection(*(params.pop(name) for name in names)), **params)
+
+        return options(*declared)(cast(F, command))
+
+    return decorate
+
+
+# --- the lease ---------------------------------------------------------------------------------
+
+LOCK = Option("lock", required=True, help="Name of the lock the replicas compete for.")
+IDENTITY = Option("identity", help="This replica's name in the lock. Default: $POD_NAME, else the host name.")
+TTL = Option(
+    "ttl",
+    type=DURATION,
+    default="10s",
+    help="Lease time to live: a crashed leader is replaced at most this long after its last renewal.",
+)
+HTTP_ADDRESS = Option(
+    "http_address",
+    default="0.0.0.0:8080",
+    help="host:port of the /healthz, /readyz, /leader and /metrics endpoint.",
+)
+LOG_FORMAT = Option(
+    "log_format",
+    type=click.Choice(["auto", "json", "console"]),
+    default="auto",
+    help="auto: console on a terminal, JSON lines otherwise.",
+)
+LOG_LEVEL = Option(
+    "log_level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default="info",
+)
+
+# --- `status` and `handoff`: one lock on one Redis ------------------------------------------------
+
+
+def control_options(func: F) -> F:
+    """The Redis (passed as `redis: RedisConnection`) and the lock of `status` and `handoff`."""
+    return redis_connection(*REDIS_CONNECTION)(options(LOCK)(func))
+
+
+def control_url(redis: RedisConnection, *, lock: str) -> str:
+    """The URL `status` and `handoff` reach, TLS files included; it and the lock name are
+    checked as `elector run` checks them."""
+    from elector.backend.connection import InvalidRedisSettingsError, check_redis_url
+    from elector.lease import InvalidValueError, check_lock_name
+
+    url = redis.url_with_tls()
+    try:
+        check_lock_name(lock)
+        check_redis_url(url)
+    except (InvalidValueError, InvalidRedisSettingsError) as exc:
+        from elector.daemon.settings import invalid
+
+        raise invalid_setting(invalid(exc)) from None
+    return url
+
+
+# --- `elector run` only --------------------------------------------------------------------------
+
+RUN_OPTIONS = (
+    *REDIS_CONNECTION,
+    Option(
+        "min_replicas_ack",
+        type=click.IntRange(0, 100),
+        default=0,
+        help="After each grant and renewal, WAIT until this many replicas have it; fewer in "
+        "time makes a grant fail (and be released) and a renewal count as failed.",
+    ),
+    Option(
+        "replicas_ack_timeout",
+        type=DURATION,
+        help="How long the WAIT of --min-replicas-ack may take (shorter than --request-timeout). "
+        "Default: half the request timeout.",
+    ),
+    LOCK.but(
+        multiple=True,
+        required=False,
+        help="Name of a lock the replicas compete for. Repeat it (or separate names by blanks in the "
+        "variable) to hold several locks in one daemon.",
+    ),
+    Option("locks_file", type=FILE, help="File of lock names, one per line (# comments), added to --lock."),
+    IDENTITY,
+    TTL,
+    Option(
+        "renew_interval",
+        type=DURATION,
+        help="Time between renewals while leading. Default: 0.3 x ttl.",
+    ),
+    Option(
+        "renew_deadline",
+        type=DURATION,
+        help="Step down when no renewal succeeded for this long. Default: 2/3 of the ttl.",
+    ),
+    Option(
+        "request_timeout",
+        type=DURATION,
+        help="Timeout of each Redis request. Default: half the renew interval, at most 1s.",
+    ),
+    HTTP_ADDRESS,
+    LOG_FORMAT,
+    LOG_LEVEL,
+    Option(
+        "exit_on_loss",
+        is_flag=True,
+        help="Exit (code 3) after losing leadership instead of contending again.",
+    ),
+    Option(
+        "shutdown_linger",
+        type=DURATION,
+        default="0s",
+        help="After a graceful shutdown has released the leases, keep serving HTTP this long (not "
+        "ready, not leader) so that Prometheus scrapes the final counters, such as the shutdown "
+        "step-down. Set it to the scrape interval; a second signal cuts it short.",
+    ),
+    Option(
+        "redis_cluster",
+        is_flag=True,
+        help="--redis-url names one node of a Redis Cluster: each lock lives on the master of its slot.",
+    ),
+    Option(
+        "redlock_url",
+        multiple=True,
+        help="Redlock: the URL of one of N >= 3 (odd) independent Redis servers; repeat it for each "
+        "(the env var takes them separated by spaces). A grant needs a majority. Replaces --redis-url.",
+    ),
+    Option(
+        "priority",
+        type=int,
+        default=0,
+        help="Preferred leaders: a leader hands over to a live candidate with a higher priority "
+        "(after it has been seen for a ttl, so leadership never flaps).",
+    ),
+    Option(
+        "leader_file",
+        help="Keep this JSON file (written atomically) showing whether we lead and the fencing token. "
+        "With several locks, put {lock} in the path.",
+    ),
+    Option(
+        "kill_grace",
+        type=DURATION,
+        help="Exec mode: SIGTERM to SIGKILL grace for the command. Default: 0.2 x ttl, within what "
+        "fits between the renew deadline and the lease's expiry.",
+    ),
+    Option(
+        "on_child_exit",
+        type=click.Choice(["release", "restart", "exit"]),
+        default="release",
+        help="Exec mode, when the command exits by itself while leading: release (step down, let "
+        "another replica lead, contend again after a back-off), restart (after a back-off, still "
+        "leading), or exit (release and exit with the command's code).",
+    ),
+)
