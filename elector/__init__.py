@@ -13,25 +13,47 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from elector.api import Elector, ElectorConfigError, Leadership, LeadershipLost
-    from elector.election.outcome import StepDownReason
-    from elector.fencing import FencedStore
+    from elector.election.outcome import ElectionStatus, State, StepDownReason
+    from elector.fencing import (
+        CorruptFenceKeyError,
+        FencedStore,
+        FencedWriteResult,
+        FencingError,
+        StaleFencingTokenError,
+    )
 
-#: Each public name and the module that defines it.
+#: Each public name and the module that defines it. These names are the library's public API
+#: (listed in docs/library.md); every other module of elector is internal and may change.
 _LAZY_NAMES = {
+    # Leader election (elector.api): the Elector, one term of leadership, how a term ends.
     "Elector": "elector.api",
     "ElectorConfigError": "elector.api",
     "Leadership": "elector.api",
     "LeadershipLost": "elector.api",
     "StepDownReason": "elector.election.outcome",
+    # What Elector.status() returns.
+    "ElectionStatus": "elector.election.outcome",
+    "State": "elector.election.outcome",
+    # Fencing resources kept in Redis (docs/fencing.md).
     "FencedStore": "elector.fencing",
+    "FencedWriteResult": "elector.fencing",
+    "FencingError": "elector.fencing",
+    "StaleFencingTokenError": "elector.fencing",
+    "CorruptFenceKeyError": "elector.fencing",
 }
 
 __all__ = [
+    "CorruptFenceKeyError",
+    "ElectionStatus",
     "Elector",
     "ElectorConfigError",
     "FencedStore",
+    "FencedWriteResult",
+    "FencingError",
     "Leadership",
     "LeadershipLost",
+    "StaleFencingTokenError",
+    "State",
     "StepDownReason",
     "__version__",
 ]

@@ -47,21 +47,29 @@ import asyncio
 import inspect
 import logging
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any
 
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
-from elector.api_params import ElectorConfigError, build_timing, checked, is_number, redis_source
-from elector.backend import RedisLeaseBackend, make_client
+from elector.api_params import (
+    ElectorConfigError,
+    build_timing,
+    checked,
+    is_number,
+    redis_source,
+    redlock_urls,
+    with_topology,
+)
+from elector.backend import RedisLeaseBackend
+from elector.backend.topologies.factory import LeaseConnections
 from elector.backend.topologies.sentinel_watch import (
     SentinelMasterWatcher,
     default_poll_interval_s,
     watch_master,
 )
-from elector.daemon.settings import default_identity, validate_identity, validate_lock_name
 from elector.election import (
     CycleOutcome,
     Election,
@@ -72,7 +80,16 @@ from elector.election import (
     StepDownReason,
 )
 from elector.election.clock import boottime
-from elector.lease import Holder, Lease
+from elector.lease import (
+    Holder,
+    Lease,
+    LeaseBackend,
+    LeaseBackendError,
+    check_identity,
+    check_lock_name,
+    check_priority,
+    default_identity,
+)
 from elector.metrics import ElectionMetrics, MetricFamilies
 
 __all__ = ["Elector", "ElectorConfigError", "LeaderWorkNotStopped", "Leadership", "LeadershipLost"]
@@ -244,9 +261,18 @@ class _CallbackRunner:
 class Elector:
     """Contends for one lock on Redis from inside an asyncio program.
 
-    `redis`: a URL (we build and close a client without retries), or the program's own
-    `redis.asyncio.Redis`, never closed: turn its retries off (`retry=Retry(NoBackoff(), 0)`;
-    warned about otherwise), keep `decode_responses=False`. Timings are checked like the daemon's;
+    Where the lease lives, checked as the daemon checks its `--redis-url`, `--redis-cluster` and
+    `--redlock-url` (docs/topologies.md, docs/library.md):
+
+    * `redis`: a URL of one server (`redis://`, `rediss://`, `unix://`) or of a Sentinel set
+      (`redis+sentinel://`, followed to a new master at once), for which we build and close our
+      own connections without retries; or the program's own `redis.asyncio.Redis`, never closed:
+      turn its retries off (`retry=Retry(NoBackoff(), 0)`; warned about otherwise), keep
+      `decode_responses=False`.
+    * `cluster=True`: `redis` is the URL of one node of a Redis Cluster.
+    * `redlock`: instead of `redis`, the URLs of an odd number (3 or more) of independent servers.
+
+    Timings are checked like the daemon's;
     `stop_work_s` bounds how long a step-down waits for leader work to stop (default: a tenth of
     the ttl, if the renew deadline leaves room); work still running then makes it withhold the
     release (see the module doc). `identity` defaults to $POD_NAME or the host name. `registry`:
@@ -260,7 +286,9 @@ class Elector:
         self,
         lock: str,
         *,
-        redis: aioredis.Redis | str,
+        redis: aioredis.Redis | str | None = None,
+        cluster: bool = False,
+        redlock: Sequence[str] | None = None,
         identity: str | None = None,
         ttl_s: float = 10.0,
         renew_interval_s: float | None = None,
@@ -274,9 +302,9 @@ class Elector:
         on_new_leader: OnNewLeader | None = None,
         registry: CollectorRegistry | None = None,
     ) -> None:
-        self.lock = checked("lock", validate_lock_name, lock)
+        self.lock = checked("lock", check_lock_name, lock)
         identity = default_identity() if identity is None else identity
-        self.identity = checked("identity", validate_identity, identity)
+        self.identity = checked("identity", check_identity, identity)
         self.timing = build_timing(
             ttl_s=ttl_s,
             renew_interval_s=renew_interval_s,
@@ -284,10 +312,15 @@ class Elector:
             request_timeout_s=request_timeout_s,
             stop_work_s=stop_work_s,
         )
-        if not isinstance(priority, int) or isinstance(priority, bool):
-            raise ElectorConfigError("priority", f"must be an int, got {priority!r}")
-        self._priority, self._key_prefix = priority, key_prefix
-        self._settings, self._client = redis_source(redis, timing=self.timing, key_prefix=self._key_prefix)
+        self._priority, self._key_prefix = checked("priority", check_priority, priority), key_prefix
+        urls = () if redlock is None else redlock_urls(redlock, redis=redis)
+        # Redlock's first server stands in for `redis` where one URL and the key prefix are checked.
+        settings, self._client = redis_source(
+            urls[0] if urls else redis, timing=self.timing, key_prefix=self._key_prefix
+        )
+        self._settings = with_topology(settings, cluster=cluster, redlock=urls)
+        #: Our own connections (built from a URL at start()): the daemon's, whatever the topology.
+        self._connections: LeaseConnections | None = None
         self._on_started_leading = on_started_leading
         self._on_stopped_leading = on_stopped_leading
         self._on_new_leader = on_new_leader
@@ -305,7 +338,6 @@ class Elector:
         self._master_watcher: SentinelMasterWatcher | None = None
         self._callbacks: _CallbackRunner | None = None
         self._term: Leadership | None = None
-        self._ever_led = False
         self._reported_leader: str | None = None
         self._term_started = asyncio.Event()  # set while a term is active, and once closing
         self._closing = False
@@ -330,16 +362,15 @@ class Elector:
             # First, so that nothing is left to close if it raises: ValueError when this lock's
             # metrics are on the registry already (another running Elector of the lock).
             self._metrics = ElectionMetrics(_families_of(self._registry), lock=self.lock, status=self.status)
-        if self._settings is not None:
-            self._client = make_client(self._settings, client_name=f"elector:{self.lock}:{self.identity}")
-        assert self._client is not None
-        # A client of a redis+sentinel:// URL built by elector (ours, or the caller's from
-        # make_client): follow a new master at once (see sentinel_watch.py); None otherwise.
-        self._master_watcher = watch_master(
-            self._client,
-            poll_interval_s=default_poll_interval_s(self.timing.renew_interval_s),
-            request_timeout_s=self.timing.request_timeout_s,
-        )
+        backend = await self._connect()
+        if self._client is not None:
+            # A client of a redis+sentinel:// URL built by elector (ours, or the caller's from
+            # make_client): follow a new master at once (see sentinel_watch.py); None otherwise.
+            self._master_watcher = watch_master(
+                self._client,
+                poll_interval_s=default_poll_interval_s(self.timing.renew_interval_s),
+                request_timeout_s=self.timing.request_timeout_s,
+            )
         if self._master_watcher is not None:
             self._master_watcher.start()
         hooks = ElectionHooks(
@@ -348,7 +379,6 @@ class Elector:
             on_started_leading=self._started_leading,
             on_stopped_leading=self._stopped_leading,
         )
-        backend = RedisLeaseBackend(self._client, lock=self.lock, key_prefix=self._key_prefix)
         election = Election(
             backend,
             identity=self.identity,
@@ -362,6 +392,28 @@ class Elector:
         self._callbacks = _CallbackRunner(lock=self.lock)
         self._task = asyncio.create_task(election.run(), name=f"elector:{self.lock}")
         self._task.add_done_callback(self._election_ended)
+
+    async def _connect(self) -> LeaseBackend:
+        """The lock's backend: on the caller's client, or on connections of our own."""
+        if self._settings is None:
+            assert self._client is not None
+            return RedisLeaseBackend(self._client, lock=self.lock, key_prefix=self._key_prefix)
+        self._connections = connections = LeaseConnections(
+            self._settings,
+            client_name=f"elector:{self.lock}:{self.identity}",
+            keepalive_s=max(60.0, 6 * self.timing.ttl_s),  # the election's own default
+            request_timeout_s=self.timing.request_timeout_s,
+        )
+        try:
+            await connections.start()  # a cluster's slot map, before the first request
+        except LeaseBackendError as exc:
+            logger.warning("lock %r: %s (the election retries)", self.lock, exc)
+        except BaseException:
+            await connections.aclose(within_s=self.timing.request_timeout_s)  # cancelled: leave nothing open
+            raise
+        # One server or a Sentinel set has a single client (a Sentinel master is watched).
+        self._client = connections.client if connections.topology == "standalone" else None
+        return connections.backend_for(self.lock)
 
     async def aclose(self) -> None:
         """Stop leader work, release a held lease, run the last callbacks (if cancelled: no release)."""
@@ -382,14 +434,11 @@ class Elector:
             await asyncio.wait([self._task])
             raise
         finally:
-            if not self._ever_led and (on_stopped := self._on_stopped_leading) is not None:
-                # Cleanup code in on_stopped_leading runs once the election ran, even if it never led.
-                self._callbacks.submit("on_stopped_leading", on_stopped, StepDownReason.SHUTDOWN)
             await self._callbacks.aclose(drain=drain)
             if self._master_watcher is not None:
                 await self._master_watcher.aclose()
-            if self._settings is not None and self._client is not None:
-                await self._client.aclose()
+            if self._connections is not None:
+                await self._connections.aclose(within_s=self.timing.request_timeout_s)
             if self._metrics is not None:
                 self._metrics.close()
             self._closed.set()
@@ -465,14 +514,21 @@ class Elector:
         assert self._election is not None
         assert self._callbacks is not None
         self._term = term = Leadership(lease, status=self._election.status)
-        self._ever_led = True
         self._term_started.set()
         if self._on_started_leading is not None:
             self._callbacks.submit("on_started_leading", self._on_started_leading, term)
 
     async def _stopped_leading(self, reason: StepDownReason) -> None:
         term = self._term
-        if term is None or not term.active or self._callbacks is None:
+        if self._callbacks is None:
+            return
+        if term is None:
+            # The election's run ended without ever leading: it calls this once all the same
+            # (client-go's "always"), so the user's cleanup runs; there is no work to wait for.
+            if self._on_stopped_leading is not None:
+                self._callbacks.submit("on_stopped_leading", self._on_stopped_leading, reason)
+            return
+        if not term.active:
             return
         if not self._closing:
             self._term_started.clear()

@@ -38,12 +38,10 @@ KEY = f"elector:{{{LOCK}}}:lease"
 
 
 @pytest.fixture
-async def raw(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
-    client = redis.asyncio.Redis.from_url(redis_url)
+async def raw(raw: redis.asyncio.Redis) -> redis.asyncio.Redis:
     for lock in (LOCK, OTHER_LOCK):
-        await seed_used_lock_async(client, lock)  # skip the new-lock quiet period
-    yield client
-    await client.aclose()
+        await seed_used_lock_async(raw, lock)  # skip the new-lock quiet period
+    return raw
 
 
 @pytest.fixture
@@ -338,7 +336,7 @@ async def test_callbacks_come_in_order_once_per_term_and_failures_are_contained(
     assert "on_new_leader callback failed" in caplog.text
 
 
-async def test_on_stopped_leading_is_called_at_close_even_when_never_led(make) -> None:
+async def test_on_stopped_leading_is_called_exactly_once_at_close_when_never_led(make) -> None:
     a = make("a")
     await a.start()
     await a.wait_for_leadership()
@@ -349,7 +347,18 @@ async def test_on_stopped_leading_is_called_at_close_even_when_never_led(make) -
     await b.start()
     await asyncio.sleep(0.2)
     await b.aclose()
+    await b.aclose()  # a second close adds nothing
     assert calls == ["a", StepDownReason.SHUTDOWN]
+
+
+async def test_on_stopped_leading_is_called_once_when_redis_was_never_reached(make) -> None:
+    calls: list[StepDownReason] = []
+    e = make("a", redis="redis://127.0.0.1:1/0", on_stopped_leading=calls.append)
+    await e.start()
+    await asyncio.sleep(0.3)  # a few failed tries
+    assert calls == [] and not e.is_leader
+    await e.aclose()
+    assert calls == [StepDownReason.SHUTDOWN]
 
 
 async def test_an_outside_cancellation_propagates_as_cancelled_error(spawn, make) -> None:

@@ -15,14 +15,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from elector.backend import (
-    HandoffRefusedError,
-    InvalidRedisSettingsError,
-    RedisLeaseBackend,
-    RedisSettings,
-    make_client,
-    redact_url,
-)
+from elector.backend import HandoffRefusedError, RedisLeaseBackend
+from elector.backoff import Backoff
+from elector.control.client import ControlError, lock_backend, printable, redis_settings, run_command, who
 from elector.lease import Handoff, Holder, LeaseBackendError, LeaseEventKind, LeaseEventSubscription
 
 #: Default stand-back window: long enough for a leader to notice, stop its work and release.
@@ -34,12 +29,8 @@ _FIRST_LOOK_S = 0.05
 _MAX_LOOK_S = 1.0
 
 
-class HandoffError(Exception):
+class HandoffError(ControlError):
     """The handoff could not be asked for. `usage` marks bad settings (exit 2)."""
-
-    def __init__(self, message: str, *, usage: bool = False) -> None:
-        super().__init__(message)
-        self.usage = usage
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,14 +44,6 @@ class HandoffResult:
 def default_window_s(timeout_s: float) -> float:
     """The window when none is given: DEFAULT_WINDOW_S, but no longer than we wait."""
     return min(DEFAULT_WINDOW_S, timeout_s)
-
-
-def _printable(text: str) -> str:
-    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
-
-
-def _who(holder: Holder) -> str:
-    return f"{_printable(holder.identity)} (fencing token {holder.fencing_token})"
 
 
 def _completed(holder: Holder | None, *, previous: Holder, to: str | None) -> bool:
@@ -92,10 +75,10 @@ async def hand_over(
     if to is not None:
         live = await backend.candidates()
         if to not in {c.identity for c in live}:
-            listed = ", ".join(f"{_printable(c.identity)} (priority {c.priority})" for c in live)
+            listed = ", ".join(f"{printable(c.identity)} (priority {c.priority})" for c in live)
             return HandoffResult(
                 done=False,
-                message=f"lock {lock}: {_printable(to)} is not a live candidate; live candidates: "
+                message=f"lock {lock}: {printable(to)} is not a live candidate; live candidates: "
                 + (listed or "none"),
             )
     started = time.monotonic()
@@ -110,9 +93,9 @@ async def hand_over(
         if handoff is None:
             return HandoffResult(done=False, message=f"lock {lock}: nothing to hand off (no leader)")
         previous = await _previous_holder(backend, handoff)
-        target = "anyone else" if to is None else _printable(to)
+        target = "anyone else" if to is None else printable(to)
         progress(
-            f"lock {lock}: asked {_printable(handoff.from_identity)} to hand over to {target}; "
+            f"lock {lock}: asked {printable(handoff.from_identity)} to hand over to {target}; "
             f"waiting up to {timeout_s:g}s"
         )
         holder = await _wait(backend, subscription, previous=previous, to=to, deadline=deadline)
@@ -123,15 +106,15 @@ async def hand_over(
     if holder is not None and _completed(holder, previous=previous, to=to):
         return HandoffResult(
             done=True,
-            message=f"lock {lock}: handed over from {_printable(previous.identity)} to {_who(holder)} "
+            message=f"lock {lock}: handed over from {printable(previous.identity)} to {who(holder)} "
             f"in {elapsed:.2f}s",
         )
     if holder is None:
         seen = "the lock is free"
     elif holder.identity == previous.identity:
-        seen = f"still held by {_who(holder)} (did the leader get the request? is it an older elector?)"
+        seen = f"still held by {who(holder)} (did the leader get the request? is it an older elector?)"
     else:
-        seen = f"held by {_who(holder)}"
+        seen = f"held by {who(holder)}"
     return HandoffResult(
         done=False, message=f"lock {lock}: the handoff did not complete within {timeout_s:g}s: {seen}"
     )
@@ -154,14 +137,13 @@ async def _wait(
     deadline: float,
 ) -> Holder | None:
     """Wait until the handoff completed or `deadline`; returns the last holder seen."""
-    pause_s = _FIRST_LOOK_S
+    pauses = Backoff(base_s=_FIRST_LOOK_S, cap_s=_MAX_LOOK_S)
     while True:
         holder = (await backend.observe()).holder
         now = time.monotonic()
         if _completed(holder, previous=previous, to=to) or now >= deadline:
             return holder
-        wake = min(deadline, now + pause_s)
-        pause_s = min(_MAX_LOOK_S, pause_s * 2)
+        wake = min(deadline, now + pauses.failed())  # one more look that did not see it done
         while subscription is not None and (remaining_s := wake - time.monotonic()) > 0:
             try:
                 event = await subscription.next_event(remaining_s)
@@ -191,23 +173,17 @@ def run_handoff(
     progress: Callable[[str], None],
 ) -> HandoffResult:
     """The `elector handoff` command; raises HandoffError for bad settings or Redis failures."""
-    settings = RedisSettings(url=redis_url, password_file=password_file, request_timeout_s=request_timeout_s)
-    try:
-        settings.validate()
-    except InvalidRedisSettingsError as exc:
-        flag = "--redis-password-file" if exc.setting == "password_file" else "--redis-url"
-        raise HandoffError(f"invalid setting {flag}: {exc}", usage=True) from None
+    settings = redis_settings(
+        redis_url,
+        password_file=password_file,
+        request_timeout_s=request_timeout_s,
+        timeout_flag=None,  # --timeout is the wait for the handoff, not a request's
+        error=HandoffError,
+    )
     window = default_window_s(timeout_s) if window_s is None else window_s
 
     async def go() -> HandoffResult:
-        client = make_client(settings, client_name=f"elector:{lock}:handoff")
-        try:
-            backend = RedisLeaseBackend(client, lock=lock, key_prefix=settings.key_prefix)
+        async with lock_backend(settings, lock=lock, purpose="handoff") as backend:
             return await hand_over(backend, to=to, timeout_s=timeout_s, window_s=window, progress=progress)
-        finally:
-            await client.aclose()
 
-    try:
-        return asyncio.run(go())
-    except LeaseBackendError as exc:
-        raise HandoffError(f"{redact_url(redis_url)}: {exc}") from None
+    return run_command(go(), redis_url=redis_url, error=HandoffError)

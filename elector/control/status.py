@@ -16,34 +16,21 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from elector.backend import (
-    InvalidRedisSettingsError,
-    RedisLeaseBackend,
-    RedisSettings,
-    make_client,
-    redact_url,
-)
+from elector.backend import RedisLeaseBackend, RedisSettings
+from elector.control.client import ControlError, lock_backend, printable, redis_settings, run_command, who
 from elector.lease import Candidate, Holder, LeaseBackendError, LeaseEvent, LeaseEventKind, Observation
 
 #: How often `--watch` looks at the lock itself, besides listening to its announcements.
 WATCH_POLL_S = 1.0
 
 
-class StatusError(Exception):
+class StatusError(ControlError):
     """The status could not be read. `usage` marks bad settings (exit 2) apart from Redis errors."""
-
-    def __init__(self, message: str, *, usage: bool = False) -> None:
-        super().__init__(message)
-        self.usage = usage
 
 
 async def observe(settings: RedisSettings, *, lock: str) -> tuple[Observation, list[Candidate]]:
-    client = make_client(settings, client_name=f"elector:{lock}:status")
-    try:
-        backend = RedisLeaseBackend(client, lock=lock, key_prefix=settings.key_prefix)
-        return await backend.observe(), await backend.candidates()
-    finally:
-        await client.aclose()
+    async with lock_backend(settings, lock=lock, purpose="status") as backend:
+        return await _look(backend)
 
 
 def candidate_document(candidate: Candidate) -> dict[str, object]:
@@ -72,17 +59,12 @@ def status_document(
     }
 
 
-def _printable(text: str) -> str:
-    """A name read from Redis, safe for a terminal: control characters escaped."""
-    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
-
-
 def _headline(observation: Observation, *, lock: str) -> str:
     holder = observation.holder
     remaining = observation.remaining_ms
     expiry = "no expiry" if remaining is None else f"expires in {remaining / 1000:.3f}s unless renewed"
     if holder is not None:
-        return f"lock {lock}: held by {_who(holder)}, {expiry}"
+        return f"lock {lock}: held by {who(holder)}, {expiry}"
     if observation.unrecognised_value:
         return f"lock {lock}: held by a value elector did not write ({expiry})"
     if observation.unknown_protocol:
@@ -90,15 +72,11 @@ def _headline(observation: Observation, *, lock: str) -> str:
     return f"lock {lock}: free"
 
 
-def _who(holder: Holder) -> str:
-    return f"{_printable(holder.identity)} (fencing token {holder.fencing_token})"
-
-
 def format_status(observation: Observation, *, lock: str, candidates: Sequence[Candidate] = ()) -> str:
     lines = [_headline(observation, lock=lock)]
     if observation.unknown_protocol:
         lines.append(
-            f"  unknown protocol: {_printable(observation.unknown_protocol)}; this release leaves the "
+            f"  unknown protocol: {printable(observation.unknown_protocol)}; this release leaves the "
             "lock alone and counts it as held: upgrade it (docs/protocol.md)"
         )
     if observation.quiet_remaining_ms:
@@ -117,9 +95,9 @@ def format_status(observation: Observation, *, lock: str, candidates: Sequence[C
         lines.append("  candidates: none registered")
     else:
         lines.append(f"  candidates ({len(candidates)}, highest priority first):")
-        width = max(len(_printable(c.identity)) for c in candidates)
+        width = max(len(printable(c.identity)) for c in candidates)
         lines.extend(
-            f"    {_printable(c.identity):<{width}}  priority {c.priority:<4}  "
+            f"    {printable(c.identity):<{width}}  priority {c.priority:<4}  "
             f"last seen {c.last_seen_ms_ago / 1000:.1f}s ago"
             for c in candidates
         )
@@ -127,25 +105,22 @@ def format_status(observation: Observation, *, lock: str, candidates: Sequence[C
 
 
 def _settings(redis_url: str, *, password_file: Path | None, timeout_s: float) -> RedisSettings:
-    settings = RedisSettings(url=redis_url, password_file=password_file, request_timeout_s=timeout_s)
-    try:
-        settings.validate()
-    except InvalidRedisSettingsError as exc:
-        flag = {"password_file": "--redis-password-file", "request_timeout": "--timeout"}.get(
-            exc.setting, "--redis-url"
-        )
-        raise StatusError(f"invalid setting {flag}: {exc}", usage=True) from None
-    return settings
+    return redis_settings(
+        redis_url,
+        password_file=password_file,
+        request_timeout_s=timeout_s,
+        timeout_flag="--timeout",
+        error=StatusError,
+    )
 
 
 def read_status(
     redis_url: str, *, password_file: Path | None, lock: str, timeout_s: float, as_json: bool
 ) -> str:
     settings = _settings(redis_url, password_file=password_file, timeout_s=timeout_s)
-    try:
-        observation, candidates = asyncio.run(observe(settings, lock=lock))
-    except LeaseBackendError as exc:
-        raise StatusError(f"{redact_url(redis_url)}: {exc}") from None
+    observation, candidates = run_command(
+        observe(settings, lock=lock), redis_url=redis_url, error=StatusError
+    )
     if as_json:
         return json.dumps(status_document(observation, lock=lock, candidates=candidates))
     return format_status(observation, lock=lock, candidates=candidates)
@@ -183,7 +158,7 @@ class _Watcher:
     def start(self, observation: Observation, candidates: Sequence[Candidate]) -> None:
         self._holder, self._unrecognised = observation.holder, observation.unrecognised_value
         self._priorities = {c.identity: c.priority for c in candidates}
-        listed = ", ".join(f"{_printable(c.identity)} ({c.priority})" for c in candidates) or "none"
+        listed = ", ".join(f"{printable(c.identity)} ({c.priority})" for c in candidates) or "none"
         document = status_document(observation, lock=self._lock, candidates=candidates)
         del document["lock"]
         self._line("state", f"{_headline(observation, lock=self._lock)}; candidates: {listed}", **document)
@@ -192,14 +167,14 @@ class _Watcher:
         holder = event.holder
         fields = {**self._holder_fields(holder), "source": "announcement"}
         if event.kind is LeaseEventKind.HANDOFF:
-            self._line("handoff", f"handoff requested: {_who(holder)} is asked to hand over", **fields)
+            self._line("handoff", f"handoff requested: {who(holder)} is asked to hand over", **fields)
         elif event.kind is LeaseEventKind.ACQUIRED:
             if self._holder is None or holder.fencing_token > self._holder.fencing_token:
                 self._holder, self._unrecognised = holder, False
-                self._line("acquired", f"acquired by {_who(holder)}", **fields)
+                self._line("acquired", f"acquired by {who(holder)}", **fields)
         elif event.kind is LeaseEventKind.RELEASED and self._holder == holder:
             self._holder = None
-            self._line("released", f"released by {_who(holder)}", **fields)
+            self._line("released", f"released by {who(holder)}", **fields)
 
     def polled(self, observation: Observation, candidates: Sequence[Candidate]) -> None:
         if self._failing:
@@ -211,24 +186,24 @@ class _Watcher:
             self._holder, self._unrecognised = holder, unrecognised
             fields = {**self._holder_fields(holder), "source": "poll"}
             if holder is not None:
-                self._line("holder", f"now held by {_who(holder)}", **fields)
+                self._line("holder", f"now held by {who(holder)}", **fields)
             elif unrecognised:
                 self._line("holder", "now held by a value elector did not write", **fields)
             else:
-                ended = "" if previous is None else f" ({_printable(previous.identity)}'s lease ended)"
+                ended = "" if previous is None else f" ({printable(previous.identity)}'s lease ended)"
                 self._line("holder", f"now free{ended}", **fields)
         self._candidates_changed({c.identity: c.priority for c in candidates})
 
     def _candidates_changed(self, now: dict[str, int]) -> None:
         before, self._priorities = self._priorities, now
         for name in sorted(now.keys() - before.keys()):
-            text = f"candidate joined: {_printable(name)} (priority {now[name]})"
+            text = f"candidate joined: {printable(name)} (priority {now[name]})"
             self._line("candidate_joined", text, candidate=name, priority=now[name])
         for name in sorted(before.keys() - now.keys()):
-            self._line("candidate_left", f"candidate left: {_printable(name)}", candidate=name)
+            self._line("candidate_left", f"candidate left: {printable(name)}", candidate=name)
         for name in sorted(now.keys() & before.keys()):
             if now[name] != before[name]:
-                text = f"candidate {_printable(name)}: priority {before[name]} -> {now[name]}"
+                text = f"candidate {printable(name)}: priority {before[name]} -> {now[name]}"
                 self._line("candidate_priority", text, candidate=name, priority=now[name])
 
     def failed(self, exc: LeaseBackendError) -> None:
@@ -243,42 +218,40 @@ async def _look(backend: RedisLeaseBackend) -> tuple[Observation, list[Candidate
 
 async def watch(settings: RedisSettings, *, lock: str, as_json: bool, emit: Callable[[str], None]) -> None:
     """Follow the lock until cancelled. The first look's error is raised; later ones are shown."""
-    client = make_client(settings, client_name=f"elector:{lock}:status-watch")
-    subscription = None
-    try:
-        backend = RedisLeaseBackend(client, lock=lock, key_prefix=settings.key_prefix)
-        watcher = _Watcher(lock=lock, as_json=as_json, emit=emit)
-        watcher.start(*await _look(backend))
-        next_look = time.monotonic() + WATCH_POLL_S
-        while True:
-            if subscription is None:
-                try:
-                    subscription = await backend.subscribe(keepalive_s=30.0)
-                except LeaseBackendError as exc:
-                    watcher.failed(exc)  # the periodic look still catches every change
-            wait_s = max(0.0, next_look - time.monotonic())
-            if subscription is None:
-                await asyncio.sleep(wait_s)
-            else:
-                try:
-                    event = await subscription.next_event(wait_s)
-                except LeaseBackendError as exc:
-                    watcher.failed(exc)
-                    await subscription.close()
-                    subscription = None
+    async with lock_backend(settings, lock=lock, purpose="status-watch") as backend:
+        subscription = None
+        try:
+            watcher = _Watcher(lock=lock, as_json=as_json, emit=emit)
+            watcher.start(*await _look(backend))
+            next_look = time.monotonic() + WATCH_POLL_S
+            while True:
+                if subscription is None:
+                    try:
+                        subscription = await backend.subscribe(keepalive_s=30.0)
+                    except LeaseBackendError as exc:
+                        watcher.failed(exc)  # the periodic look still catches every change
+                wait_s = max(0.0, next_look - time.monotonic())
+                if subscription is None:
+                    await asyncio.sleep(wait_s)
                 else:
-                    if event is not None:
-                        watcher.announced(event)
-            if time.monotonic() >= next_look:
-                next_look = time.monotonic() + WATCH_POLL_S
-                try:
-                    watcher.polled(*await _look(backend))
-                except LeaseBackendError as exc:
-                    watcher.failed(exc)
-    finally:
-        if subscription is not None:
-            await subscription.close()
-        await client.aclose()
+                    try:
+                        event = await subscription.next_event(wait_s)
+                    except LeaseBackendError as exc:
+                        watcher.failed(exc)
+                        await subscription.close()
+                        subscription = None
+                    else:
+                        if event is not None:
+                            watcher.announced(event)
+                if time.monotonic() >= next_look:
+                    next_look = time.monotonic() + WATCH_POLL_S
+                    try:
+                        watcher.polled(*await _look(backend))
+                    except LeaseBackendError as exc:
+                        watcher.failed(exc)
+        finally:
+            if subscription is not None:
+                await subscription.close()
 
 
 def watch_status(
@@ -307,7 +280,4 @@ def watch_status(
         with contextlib.suppress(asyncio.CancelledError):
             await watching  # re-raises the first look's error
 
-    try:
-        asyncio.run(until_signalled())
-    except LeaseBackendError as exc:
-        raise StatusError(f"{redact_url(redis_url)}: {exc}") from None
+    run_command(until_signalled(), redis_url=redis_url, error=StatusError)

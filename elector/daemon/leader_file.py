@@ -61,6 +61,10 @@ from pathlib import Path
 
 FILE_MODE = 0o644
 STOPPED_STATE = "stopped"
+#: How long a leadership hook waits for the leader file (to show a new term, or "not leading"
+#: before the work is stopped) before going on without it, seconds. A step-down spends it before
+#: the work stops, so it is part of the safety margin when a leader file is kept (settings.py).
+LEADER_FILE_WAIT_S = 0.1
 
 
 class LeaderFileError(Exception):

@@ -30,7 +30,7 @@ from elector.backend.topologies.sentinel_watch import default_poll_interval_s, w
 from elector.daemon.execmode.runner import ExecMode, keeper_margin_s
 from elector.daemon.execmode.supervisor import ChildRegistry, OrphanReaper, become_subreaper
 from elector.daemon.http import HttpBindError, HttpServer, make_http_app
-from elector.daemon.leader_file import LeaderFileWriter
+from elector.daemon.leader_file import LEADER_FILE_WAIT_S, LeaderFileWriter
 from elector.daemon.logs import OutcomeLogger, configure_logging, make_logger
 from elector.daemon.settings import Settings
 from elector.daemon.testing_hooks import install_loop_block_hook
@@ -39,8 +39,6 @@ from elector.election.clock import boottime
 from elector.lease import Lease, LeaseBackendError
 from elector.metrics import ElectionMetrics, MetricFamilies, register_process_metrics
 
-#: How long a leadership hook waits for the leader file before going on without it, seconds.
-LEADER_FILE_HOOK_WAIT_S = 0.1
 #: Past a term's validity end, how long a step-down still waits for a leader file it could not
 #: update, seconds: the file's valid_until_ms was rounded down, this covers the wall clock being
 #: slewed by NTP against CLOCK_BOOTTIME meanwhile.
@@ -203,7 +201,7 @@ class LockElection:
             if status.is_leader and status.lease_remaining_s is not None:
                 self._note_validity(status.now + status.lease_remaining_s)
         # Consumers of the file learn of the term before the command starts.
-        await self.flush_leader_file(timeout_s=LEADER_FILE_HOOK_WAIT_S)
+        await self.flush_leader_file(timeout_s=LEADER_FILE_WAIT_S)
         if self._extra_started is not None:
             await self._extra_started(lease)
 
@@ -217,7 +215,7 @@ class LockElection:
                 # Consumers learn of the end before the command is stopped: nobody acts on a term
                 # being wound down. The command's stop does not wait for a slow volume, though.
                 write = self._start_write()
-                await asyncio.wait([write], timeout=LEADER_FILE_HOOK_WAIT_S)
+                await asyncio.wait([write], timeout=LEADER_FILE_WAIT_S)
         finally:
             try:
                 if self._extra_stopped is not None:

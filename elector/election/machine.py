@@ -22,7 +22,8 @@ deadline, which comes earlier.
 Leader work that cannot be stopped: `on_stopped_leading` is awaited before every release. If it
 raises, the work may still be running, so the lease is NOT released: it is left to lapse on Redis
 by its ttl (outcome RELEASE_WITHHELD), and this replica does not contend again before it could
-have lapsed. A successor can then never start beside work that was not seen to stop.
+have lapsed. A successor can then never start beside work that was not seen to stop. Every run
+calls `on_stopped_leading` at least once, even one that never led (see `ElectionHooks`).
 
 Fencing tokens only grow across grants. A holder seen with a token below the highest one this
 replica has seen (from Redis's replies, never from announcements, which anyone may publish) means
@@ -44,6 +45,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 
+from elector.backoff import backoff_delay_s
 from elector.election.hooks import ElectionHooks
 from elector.election.outcome import CycleOutcome, ElectionStatus, OutcomeKind, State, StepDownReason
 from elector.election.timing import ElectionTiming
@@ -80,6 +82,13 @@ RIVAL_REFRESH_SLACK = 0.05
 
 #: With renewal jitter on, the first renewal of a term comes 0-90% of an interval early.
 FIRST_RENEWAL_SPREAD = 0.9
+
+#: Retries after failed requests: each delay is drawn from its upper half, so replicas that failed
+#: together spread out. Capped so that a recovered Redis is noticed quickly (see `_failed`).
+FAILURE_BACKOFF_JITTER = 0.5
+#: Re-subscribing to announcements: the first wait, the longest, and the same half-range jitter.
+RESUBSCRIBE_FIRST_S = 0.4
+RESUBSCRIBE_MAX_S = 30.0
 
 
 class Election:
@@ -138,6 +147,8 @@ class Election:
         self._token_regressed_from: int | None = None
 
         self._started = False
+        #: Whether this run has called on_stopped_leading (a term ended): its end then need not.
+        self._stop_hook_called = False
         self._cycle_due_by: float | None = None
         self._stop_requested = False
         self._wakeup = asyncio.Event()
@@ -209,6 +220,7 @@ class Election:
     async def run(self) -> None:
         """Contend, lead and step down until `stop()`; returns after releasing a held lease."""
         self._started = True
+        self._stop_hook_called = False
         listener = asyncio.create_task(self._listen(), name=f"elector:{self.lock}:announcements")
         try:
             # Subscribe before the first try, so that no release can slip in between. Without a
@@ -244,10 +256,18 @@ class Election:
                 self._lease = None
                 self._valid_until = 0.0
                 self._state = State.STEPPING_DOWN
-                await self._call_hook(
-                    "on_stopped_leading", self._hooks.on_stopped_leading(StepDownReason.SHUTDOWN)
-                )
+                await self._close_run()
+            elif not self._stop_hook_called:
+                # No term ended in this run, so it never led (a term's step-down sets the flag).
+                # client-go's contract, "always called": cleanup in the hook runs once it ran.
+                self._state = State.STOPPED
+                await self._close_run()
             self._state = State.STOPPED
+
+    async def _close_run(self) -> None:
+        """The run's own `on_stopped_leading(SHUTDOWN)`; nothing is released, so a raise is only logged."""
+        self._stop_hook_called = True
+        await self._call_hook("on_stopped_leading", self._hooks.on_stopped_leading(StepDownReason.SHUTDOWN))
 
     async def _withdraw(self) -> None:
         """Drop our candidate entry so status and handoffs stop listing us (best effort)."""
@@ -515,12 +535,16 @@ class Election:
         try:
             await self._hooks.on_stopped_leading(reason)
         except Exception as exc:
+            self._stop_hook_called = True
             logger.error(
                 "on_stopped_leading failed: leader work may still run; not releasing the lease",
                 exc_info=True,
                 extra={"lock": self.lock},
             )
             return False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        # Set only once the call finished: one cut short by cancelling the run is made again, with
+        # SHUTDOWN, by the run's cleanup (the lease is still set then), so the work still stops.
+        self._stop_hook_called = True
         return True, ""
 
     def _stepped_down(
@@ -604,10 +628,13 @@ class Election:
         self._note_failure()
         if retry_at is None:
             # Exponential back-off with jitter, capped so a recovered Redis is noticed quickly.
-            cap = min(self._timing.renew_interval_s, 2.0)
-            base = min(0.1, self._timing.renew_interval_s / 4)
-            delay = min(cap, base * 2 ** min(self._failures_in_a_row - 1, 16))
-            retry_at = received + delay * self._rng.uniform(0.5, 1.0)
+            retry_at = received + backoff_delay_s(
+                self._failures_in_a_row,
+                base_s=min(0.1, self._timing.renew_interval_s / 4),
+                cap_s=min(self._timing.renew_interval_s, 2.0),
+                jitter=FAILURE_BACKOFF_JITTER,
+                rng=self._rng,
+            )
         return CycleOutcome(
             kind=kind,
             state=self._state,
@@ -769,8 +796,13 @@ class Election:
         return max(5.0, self._timing.ttl_s)
 
     def _resubscribe_delay_s(self, failures: int) -> float:
-        delay_s: float = min(30.0, 0.2 * 2 ** min(failures, 8)) * self._rng.uniform(0.5, 1)
-        return delay_s
+        return backoff_delay_s(
+            failures,
+            base_s=RESUBSCRIBE_FIRST_S,
+            cap_s=RESUBSCRIBE_MAX_S,
+            jitter=FAILURE_BACKOFF_JITTER,
+            rng=self._rng,
+        )
 
 
 #: Step-downs asked for from outside a cycle; their outcome is the release that completes them.

@@ -8,8 +8,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -21,7 +19,6 @@ from elector.cli.main import cli
 from elector.lease import Granted
 from elector.testing.redis_server import free_tcp_port
 from tests.support.daemon import DaemonProcess, wait_until
-from tests.support.seed import seed_used_lock
 
 SECRET = "hunter2-not-for-output"
 KEYS = LockKeys("jobs")
@@ -32,31 +29,6 @@ def _no_elector_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in os.environ:
         if key.startswith("ELECTOR_") and key != "ELECTOR_REDIS_SERVER":
             monkeypatch.delenv(key)
-
-
-@pytest.fixture
-def seeded(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    seed_used_lock(client)  # skip the new-lock quiet period
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def daemon(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
-    started: list[DaemonProcess] = []
-
-    def _start(identity: str, *extra_args: str) -> DaemonProcess:
-        process = DaemonProcess(
-            redis_url=redis_url, identity=identity, log_dir=tmp_path, extra_args=extra_args
-        ).start()
-        started.append(process)
-        process.wait_http()
-        return process
-
-    yield _start
-    for process in started:
-        process.stop()
 
 
 def handoff(url: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -55,13 +55,6 @@ def _no_elector_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(key)
 
 
-@pytest.fixture
-def plain(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url, socket_timeout=2)
-    yield client
-    client.close()
-
-
 def status(url: str, lock: str, *extra: str) -> Result:
     return CliRunner().invoke(
         cli, ["status", "--redis-url", url, "--lock", lock, *extra], prog_name="elector"

@@ -11,11 +11,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import redis
 from prometheus_client import CollectorRegistry
 
@@ -26,38 +25,9 @@ from elector.election import ElectionTiming, StepDownReason
 from elector.metrics import MetricFamilies
 from elector.testing.redis_server import RedisServerProcess
 from tests.support.daemon import DaemonProcess, wait_until
-from tests.support.seed import seed_used_lock
+from tests.support.waiting import until
 
 TTL_S = 1.0
-
-
-@pytest.fixture
-def seeded(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    seed_used_lock(client)  # skip the new-lock quiet period
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def daemon(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
-    started: list[DaemonProcess] = []
-
-    def _start(identity: str, *extra_args: str, **kwargs: object) -> DaemonProcess:
-        process = DaemonProcess(
-            redis_url=redis_url,
-            identity=identity,
-            log_dir=tmp_path,
-            extra_args=extra_args,
-            **kwargs,  # type: ignore[arg-type]
-        ).start()
-        started.append(process)
-        process.wait_http()
-        return process
-
-    yield _start
-    for process in started:
-        process.stop()
 
 
 def metric(text: str, name: str, **labels: str) -> float | None:
@@ -403,14 +373,6 @@ def test_a_restarting_daemon_says_not_leading_before_anything_else(
 # --- a stop path that raises: the work is stopped and the lease is left to lapse --------------
 
 
-async def until(predicate: Callable[[], object], *, timeout_s: float) -> None:
-    async with asyncio.timeout(timeout_s):
-        while True:
-            if predicate():
-                return
-            await asyncio.sleep(0.01)
-
-
 class BrokenExecutor(concurrent.futures.ThreadPoolExecutor):
     """The default executor of a process that can no longer start threads."""
 
@@ -425,7 +387,7 @@ async def test_a_stop_path_that_raises_stops_the_work_and_leaves_the_lease_to_la
         lock="jobs",
         identity="a",
         redis_url=redis_url,
-        ttl_s=2.0,
+        ttl=2.0,
         http_address="127.0.0.1:0",
         leader_file=str(tmp_path / "leader.json"),
     )
@@ -467,7 +429,7 @@ async def test_a_leader_file_that_cannot_be_updated_holds_the_release_until_its_
         lock="jobs",
         identity="a",
         redis_url=redis_url,
-        ttl_s=2.0,
+        ttl=2.0,
         http_address="127.0.0.1:0",
         leader_file=str(path),
     )

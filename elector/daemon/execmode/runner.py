@@ -32,6 +32,7 @@ from typing import Protocol
 
 import structlog
 
+from elector.backoff import Backoff
 from elector.daemon.execmode.keeper import KeeperLink
 from elector.daemon.execmode.supervisor import (
     KILL_REAP_SLACK_S,
@@ -69,22 +70,10 @@ def keeper_margin_s(stop_work_s: float) -> float:
     return max(0.0, stop_work_s - KILL_REAP_SLACK_S)
 
 
-class Backoff:
-    """Exponential back-off for a command that keeps exiting; reset once it ran long enough."""
-
-    def __init__(self, *, initial_s: float = 1.0, max_s: float = 60.0, reset_after_s: float = 60.0) -> None:
-        self._initial_s = initial_s
-        self._max_s = max_s
-        self._reset_after_s = reset_after_s
-        self._next_s = initial_s
-
-    def after_run(self, runtime_s: float) -> float:
-        """The delay to wait after a run that lasted `runtime_s`."""
-        if runtime_s >= self._reset_after_s:
-            self._next_s = self._initial_s
-        delay = self._next_s
-        self._next_s = min(self._max_s, self._next_s * 2)
-        return delay
+def command_backoff() -> Backoff:
+    """The wait after the command exited by itself: 1 s, doubling up to 60 s, and from 1 s again
+    after a run of 60 s or more (a command that ran that long was healthy)."""
+    return Backoff(base_s=1.0, cap_s=60.0, reset_after_s=60.0)
 
 
 def exit_code_of(child_exit: ChildExit) -> int:
@@ -137,7 +126,7 @@ class ExecMode:
         )
         self._election: LeaderElection | None = None
         self._lease: Lease | None = None
-        self._backoff = Backoff()
+        self._backoff = command_backoff()
         self._restart: asyncio.Task[None] | None = None
         self._exiting = False
         # Two starts never interleave (a grant's and a restart's); a stop aborts either (see stop()).

@@ -18,16 +18,16 @@ from pathlib import Path
 import pytest
 import redis
 import structlog
+import structlog.testing
 
-from elector.daemon.execmode.runner import ExecMode
+from elector.daemon.execmode.runner import ExecMode, command_backoff
 from elector.daemon.execmode.supervisor import ChildRegistry
 from elector.daemon.settings import ChildExitPolicy, ExecSettings
 from elector.daemon.testing_hooks import BLOCK_LOOP_ENV
 from elector.election import ElectionStatus, State, StepDownReason
 from elector.election.clock import boottime
 from elector.lease import Lease
-from tests.support.daemon import DaemonProcess, wait_until
-from tests.support.seed import seed_used_lock
+from tests.support.daemon import DaemonProcess, DaemonStarter, wait_until
 from tests.support.tcp_proxy import TcpProxy
 
 LEASE_KEY = "elector:{jobs}:lease"
@@ -69,14 +69,6 @@ def journal(directory: Path) -> list[list[str]]:
 
 
 @pytest.fixture
-def seeded(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    seed_used_lock(client)
-    yield client
-    client.close()
-
-
-@pytest.fixture
 def work(tmp_path: Path) -> Path:
     directory = tmp_path / "work"
     directory.mkdir()
@@ -84,8 +76,8 @@ def work(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def daemon(redis_url: str, tmp_path: Path, work: Path) -> Iterator[Callable[..., DaemonProcess]]:
-    started: list[DaemonProcess] = []
+def daemon(daemon: DaemonStarter, work: Path) -> Iterator[Callable[..., DaemonProcess]]:
+    """The shared `daemon` starter, running a command (SCRIPT by default); its children are killed after."""
 
     def _start(
         identity: str,
@@ -97,21 +89,10 @@ def daemon(redis_url: str, tmp_path: Path, work: Path) -> Iterator[Callable[...,
         env: dict[str, str] | None = None,
     ) -> DaemonProcess:
         argv = command if command is not None else ("sh", "-c", script.format(dir=work))
-        process = DaemonProcess(
-            redis_url=url or redis_url,
-            identity=identity,
-            log_dir=tmp_path,
-            ttl=ttl,
-            extra_args=(*extra_args, "--", *argv),
-            env=env,
-        ).start()
-        started.append(process)
-        process.wait_http()
-        return process
+        return daemon(identity, *extra_args, "--", *argv, redis_url=url or daemon.redis_url, ttl=ttl, env=env)
 
     yield _start
-    for process in started:
-        process.stop()
+    daemon.stop_all()
     for path in work.glob("*.child"):
         for pid in pids(work, path.stem):
             if alive(pid):
@@ -473,3 +454,25 @@ async def test_a_step_down_cancels_a_restart_whose_start_is_under_way(tmp_path: 
         for pid in [int(x) for x in leftovers.read_text().split()] if leftovers.exists() else []:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_the_commands_back_off_doubles_to_a_minute_and_starts_over_after_a_healthy_run() -> None:
+    backoff = command_backoff()
+    assert [backoff.after_run(0.5) for _ in range(8)] == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]
+    assert backoff.after_run(60.0) == 1.0  # it ran a minute: healthy, so from 1 s again
+    assert backoff.after_run(59.0) == 2.0
+
+
+async def test_a_stop_without_a_term_is_a_no_op(tmp_path: Path) -> None:
+    # The election calls on_stopped_leading once at the end of a run that never led.
+    settings = ExecSettings(command=("sh", "-c", f"touch {tmp_path / 'ran'}"), kill_grace_s=1.0)
+    exec_mode = ExecMode(
+        settings, log=structlog.get_logger("test"), request_exit=lambda code: None, children=ChildRegistry(),
+        keeper_margin_s=None,
+    )  # fmt: skip
+    exec_mode.attach(StandInElection(token=7))
+    with structlog.testing.capture_logs() as logs:
+        async with asyncio.timeout(5):
+            await exec_mode.on_stopped_leading(StepDownReason.SHUTDOWN)
+    assert logs == [] and exec_mode.child_pid is None
+    assert not (tmp_path / "ran").exists()
