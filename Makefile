@@ -11,8 +11,13 @@ STAMP := $(VENV)/.installed
 demo: $(STAMP)
 	$(BIN)/elector demo
 
+# Four workers on two cores: most tests wait on lease timers, not on the CPU. Each worker takes
+# its ports from a block of its own (elector/testing/redis_server.py), and every timing bound a
+# test asserts is derived from what it measured, so the suite holds on a loaded machine.
+TEST_WORKERS ?= 4
+
 test: lint system-deps
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal
 
 # promtool (for the alerting rules' tests), installed with apt when run as root.
 system-deps:
