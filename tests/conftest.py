@@ -1,19 +1,36 @@
-"""Shared fixtures: a private redis-server per test, and a fault-injecting TCP proxy in front of it.
+"""The fixtures shared by the whole suite, in one place. Plain helpers live in tests/support/.
 
-Helpers live in tests/support/ (``from tests.support.tcp_proxy import TcpProxy``); keep this
-file small.
+- Redis: `redis_server` (a fresh one per test), `redis_url`, `module_redis_server` (one per
+  module: tests on it use locks of their own), `raw` (an async client), `plain` (a sync client),
+  `seeded` (`plain`, with the lock "jobs" already used: no new-lock quiet period), `tcp_proxy`.
+- Daemons: `daemon` starts `elector run` processes on `redis_url` and stops them after the test.
+- Elections on the in-memory fake backend: `store`, `start`, `runs` (tests/support/election.py).
+- Sentinel: `deployment`, a fresh master, two replicas and three sentinels (it is not shared:
+  every test that uses one fails it over or kills its master).
+- The previous release, built once per session.
+
+A module that needs a variant overrides the fixture by name, building on this one
+(`def raw(raw): seed...; return raw`).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
+import redis.asyncio
 
 from elector.testing.redis_server import RedisServerNotFound, RedisServerProcess, find_redis_server
+from tests.election.fake_backend import FakeStore
 from tests.faults.options import add_options as add_fault_options
+from tests.support.daemon import DaemonStarter
+from tests.support.election import CandidateStarter, cancel_all
 from tests.support.previous_release import PreviousRelease, PreviousReleaseError, build_previous_release
+from tests.support.seed import seed_used_lock
+from tests.support.sentinel import SentinelSet
 from tests.support.tcp_proxy import TcpProxy
 
 
@@ -40,6 +57,73 @@ def redis_server() -> Iterator[RedisServerProcess]:
 @pytest.fixture
 def redis_url(redis_server: RedisServerProcess) -> str:
     return redis_server.url
+
+
+@pytest.fixture(scope="module")
+def module_redis_server() -> Iterator[RedisServerProcess]:
+    """One redis-server for a whole module; its tests must use keys (locks) of their own."""
+    with RedisServerProcess() as server:
+        yield server
+
+
+@pytest.fixture
+async def raw(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
+    """An async client of `redis_server`, for looking at and tampering with the keys."""
+    client = redis.asyncio.Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def plain(redis_url: str) -> Iterator[redis.Redis]:
+    """A sync client of `redis_server` (for tests that drive daemons from threads)."""
+    client = redis.Redis.from_url(redis_url, socket_timeout=2)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def seeded(plain: redis.Redis) -> redis.Redis:
+    """`plain`, with the lock "jobs" marked as used: no new-lock quiet period."""
+    seed_used_lock(plain)
+    return plain
+
+
+@pytest.fixture
+def daemon(redis_url: str, tmp_path: Path) -> Iterator[DaemonStarter]:
+    """`daemon("pod-a", *extra_args, lock=..., ttl=...)`: a started `elector run`, serving HTTP."""
+    starter = DaemonStarter(redis_url=redis_url, log_dir=tmp_path)
+    yield starter
+    starter.stop_all()
+
+
+@pytest.fixture
+def store() -> FakeStore:
+    """The in-memory lock of the state-machine tests (looptime: virtual time)."""
+    return FakeStore()
+
+
+@pytest.fixture
+async def start(store: FakeStore) -> AsyncIterator[CandidateStarter]:
+    """`start("a", priority=..., ttl_s=...)`: an election on `store`, cancelled after the test."""
+    starter = CandidateStarter(store)
+    yield starter
+    await starter.cancel_all()
+
+
+@pytest.fixture
+async def runs() -> AsyncIterator[list[Any]]:
+    """A list to append objects with a running `.task` to: each is cancelled after the test."""
+    started: list[Any] = []
+    yield started
+    await cancel_all(run.task for run in started)
+
+
+@pytest.fixture
+def deployment() -> Iterator[SentinelSet]:
+    """A fresh Sentinel deployment: a master, two replicas, three sentinels."""
+    with SentinelSet(replicas=2) as sentinels:
+        yield sentinels
 
 
 @pytest.fixture

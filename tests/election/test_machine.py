@@ -9,10 +9,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import itertools
 import random
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -20,102 +18,18 @@ from elector.election import (
     CycleOutcome,
     Election,
     ElectionHooks,
-    ElectionTiming,
     OutcomeKind,
     State,
     StepDownReason,
 )
 from elector.lease import Holder, Lease, LeaseEventKind
 from tests.election.fake_backend import FakeBackend, FakeStore, unreachable
+from tests.support.election import Recorder, now, timing
 
 pytestmark = pytest.mark.looptime
 
 TTL_S = 3.0
 RENEW_S = 1.0  # pinned (not the default 0.9 s) so that renewal times are round: 1, 2, 3 ...
-
-
-def timing(ttl_s: float = TTL_S) -> ElectionTiming:
-    """Deadline at 2 s, request timeout 0.5 s."""
-    return ElectionTiming.from_ttl(ttl_s, renew_interval_s=ttl_s / 3)
-
-
-@dataclasses.dataclass
-class Recorder:
-    """Everything an election told its hooks, in order."""
-
-    outcomes: list[CycleOutcome] = dataclasses.field(default_factory=list)
-    calls: list[tuple[str, object, float]] = dataclasses.field(default_factory=list)
-
-    def hooks(self) -> ElectionHooks:
-        loop = asyncio.get_running_loop()
-
-        async def started(lease: Lease) -> None:
-            self.calls.append(("started", lease.fencing_token, loop.time()))
-
-        async def stopped(reason: StepDownReason) -> None:
-            self.calls.append(("stopped", reason, loop.time()))
-
-        def new_leader(holder: Holder | None) -> None:
-            self.calls.append(("new_leader", holder.identity if holder else None, loop.time()))
-
-        return ElectionHooks(
-            on_outcome=self.outcomes.append,
-            on_started_leading=started,
-            on_stopped_leading=stopped,
-            on_new_leader=new_leader,
-        )
-
-    def kinds(self) -> list[OutcomeKind]:
-        return [o.kind for o in self.outcomes]
-
-    def first(self, kind: OutcomeKind) -> CycleOutcome:
-        return next(o for o in self.outcomes if o.kind is kind)
-
-
-@dataclasses.dataclass
-class Candidate:
-    election: Election
-    backend: FakeBackend
-    recorder: Recorder
-    task: asyncio.Task[None]
-
-
-@pytest.fixture
-def store() -> FakeStore:
-    return FakeStore()
-
-
-@pytest.fixture
-async def start(store: FakeStore) -> AsyncIterator[object]:
-    started: list[Candidate] = []
-
-    def _start(
-        identity: str, *, ttl_s: float = TTL_S, clock: object = None, default_timing: bool = False
-    ) -> Candidate:
-        backend = FakeBackend(store)
-        recorder = Recorder()
-        election = Election(
-            backend,
-            identity=identity,
-            timing=ElectionTiming.from_ttl(ttl_s) if default_timing else timing(ttl_s),
-            hooks=recorder.hooks(),
-            rng=random.Random(7),
-            clock=clock,  # type: ignore[arg-type]
-        )
-        task = asyncio.create_task(election.run(), name=identity)
-        candidate = Candidate(election=election, backend=backend, recorder=recorder, task=task)
-        started.append(candidate)
-        return candidate
-
-    yield _start
-    for candidate in started:
-        candidate.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await candidate.task
-
-
-def now() -> float:
-    return asyncio.get_running_loop().time()
 
 
 async def test_single_candidate_acquires_at_once_and_renews_every_interval(start, store) -> None:

@@ -7,57 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
-from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from elector.election import Election, ElectionTiming, OutcomeKind, State, StepDownReason
-from tests.election.fake_backend import FakeBackend, FakeStore
-from tests.election.test_machine import Candidate, Recorder
+from elector.election import OutcomeKind, State, StepDownReason
+from tests.support.election import Candidate, now
 
 pytestmark = pytest.mark.looptime
 
 TTL_S = 3.0
-
-StartFn = Callable[..., Candidate]
-
-
-@pytest.fixture
-def store() -> FakeStore:
-    return FakeStore()
-
-
-@pytest.fixture
-async def start(store: FakeStore) -> AsyncIterator[StartFn]:
-    started: list[Candidate] = []
-
-    def _start(identity: str, *, priority: int = 0, preempt_after_s: float | None = None) -> Candidate:
-        backend = FakeBackend(store)
-        recorder = Recorder()
-        election = Election(
-            backend,
-            identity=identity,
-            timing=ElectionTiming.from_ttl(TTL_S, renew_interval_s=1.0),
-            hooks=recorder.hooks(),
-            rng=random.Random(7),
-            priority=priority,
-            preempt_after_s=preempt_after_s,
-        )
-        task = asyncio.create_task(election.run(), name=identity)
-        candidate = Candidate(election=election, backend=backend, recorder=recorder, task=task)
-        started.append(candidate)
-        return candidate
-
-    yield _start
-    for candidate in started:
-        candidate.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await candidate.task
-
-
-def now() -> float:
-    return asyncio.get_running_loop().time()
 
 
 def leader_of(*candidates: Candidate) -> list[str]:

@@ -47,11 +47,9 @@ class Running:
 
 
 @pytest.fixture
-async def raw(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
-    client = redis.asyncio.Redis.from_url(redis_url)
-    await seed_used_lock_async(client, LOCK)  # skip the new-lock quiet period
-    yield client
-    await client.aclose()
+async def raw(raw: redis.asyncio.Redis) -> redis.asyncio.Redis:
+    await seed_used_lock_async(raw, LOCK)  # skip the new-lock quiet period
+    return raw
 
 
 @pytest.fixture

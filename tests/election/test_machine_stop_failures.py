@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import pytest
 
@@ -25,6 +25,7 @@ from elector.election import (
 from elector.election.clock import COUNTS_SUSPEND, boottime
 from elector.lease import BackendErrorKind, Candidate, Holder, Lease, LeaseBackendError, Renewed
 from tests.election.fake_backend import FakeBackend, FakeStore, FakeSubscription
+from tests.support.election import now
 
 pytestmark = pytest.mark.looptime
 
@@ -74,25 +75,6 @@ class Run:
 
     def first(self, kind: OutcomeKind) -> CycleOutcome:
         return next(o for o in self.outcomes if o.kind is kind)
-
-
-@pytest.fixture
-def store() -> FakeStore:
-    return FakeStore()
-
-
-@pytest.fixture
-async def runs() -> AsyncIterator[list[Run]]:
-    started: list[Run] = []
-    yield started
-    for run in started:
-        run.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await run.task
-
-
-def now() -> float:
-    return asyncio.get_running_loop().time()
 
 
 async def test_a_failed_stop_at_shutdown_leaves_the_lease_to_lapse(store, runs) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -70,21 +69,6 @@ class Run:
 
     def kinds(self) -> list[OutcomeKind]:
         return [o.kind for o in self.outcomes]
-
-
-@pytest.fixture
-def store() -> FakeStore:
-    return FakeStore()
-
-
-@pytest.fixture
-async def runs() -> AsyncIterator[list[Run]]:
-    started: list[Run] = []
-    yield started
-    for run in started:
-        run.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await run.task
 
 
 def start(runs: list[Run], store: FakeStore, identity: str) -> Run:

@@ -24,11 +24,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 
 @pytest.fixture
-def sentinel_cluster(tmp_path: Path) -> Iterator[Cluster]:
-    with (
-        SentinelSet(replicas=2) as deployment,
-        Cluster(tmp_path / "run", ttl_s=TTL_S, sentinel=deployment) as c,
-    ):
+def sentinel_cluster(tmp_path: Path, deployment: SentinelSet) -> Iterator[Cluster]:
+    """The fault suite's daemons on a fresh Sentinel deployment (each test fails it over)."""
+    with Cluster(tmp_path / "run", ttl_s=TTL_S, sentinel=deployment) as c:
         yield c
 
 

@@ -7,6 +7,14 @@
 
 The helpers to build and create objects are in tests/kube/kmock_support.py.
 
+The `elector operator` tests (tests/kube/test_operator_*.py) add, with the helpers in
+tests/kube/operator_fixtures.py:
+
+- `cluster`: kmock with the LeaderElection resource of the chart's CRD, and a client session;
+- `start_operator`: `await start_operator()` runs `run_operator` against it, with its own lease
+  on the test's redis-server; every operator started is stopped after the test;
+- `redis_client`: a sync client of that redis-server.
+
 Teardown: stop every kopf that talks to `kmock` (thread or child process) before the `kmock`
 fixture ends, and let the loop run once (`await asyncio.sleep(0.1)`): kmock's aiohttp server
 waits up to 60 s for watch streams that are still open at its shutdown. A fixture that depends
@@ -15,11 +23,32 @@ on `kmock` is torn down before it (see `children` in test_singleton.py).
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import aiohttp
 import kmock as kmock_lib
 import kopf
 import pytest
+import redis
+import yaml
+from prometheus_client import CollectorRegistry
 
+from elector.backend import RedisSettings
+from elector.daemon.http import HttpSettings
+from elector.kube.operator.runner import OperatorSettings, run_operator
+from elector.kube.operator.watcher import WatchSettings
+from elector.testing.redis_server import RedisServerProcess
 from tests.kube.kmock_support import kopf_test_settings, login_to
+from tests.kube.operator_fixtures import (
+    CRD_PATH,
+    LE_KEY,
+    NAMESPACE,
+    Cluster,
+    RunningOperator,
+    seeded_redis,
+)
 
 
 @pytest.fixture
@@ -39,3 +68,68 @@ def kopf_registry(kmock: kmock_lib.KubernetesEmulator) -> kopf.OperatorRegistry:
 @pytest.fixture
 def kopf_settings() -> kopf.OperatorSettings:
     return kopf_test_settings()
+
+
+@pytest.fixture
+async def cluster(kmock: kmock_lib.KubernetesEmulator) -> AsyncIterator[Cluster]:
+    """kmock serving the LeaderElection resource as the chart's CRD declares it."""
+    kmock.resources.load_bundled()
+    # The resource as the chart's CRD declares it (the file Helm installs), not a copy.
+    crd = yaml.safe_load(CRD_PATH.read_text())
+    version = next(v for v in crd["spec"]["versions"] if v["served"])
+    key = f"{crd['spec']['group']}/{version['name']}/{crd['spec']['names']['plural']}"
+    assert key == LE_KEY, "the operator and the chart's CRD disagree on the resource"
+    kmock.resources[key] = kmock.ResourceInfo(
+        kind=crd["spec"]["names"]["kind"],
+        singular=crd["spec"]["names"]["singular"],
+        namespaced=crd["spec"]["scope"] == "Namespaced",
+        subresources=set(version.get("subresources") or {}),
+        verbs={"get", "list", "watch", "patch", "create", "delete"},
+    )
+    async with aiohttp.ClientSession() as session:
+        yield Cluster(mock=kmock, session=session)
+
+
+@pytest.fixture
+async def start_operator(
+    cluster: Cluster, redis_server: RedisServerProcess
+) -> AsyncIterator[Callable[..., Any]]:
+    """Start `run_operator` (its own lease on the test's redis-server) against kmock."""
+    running: list[RunningOperator] = []
+
+    async def login(_: kopf.OperatorSettings) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=cluster.url, insecure=True, default_namespace=NAMESPACE)
+
+    async def start(*, identity: str = "operator-0", redis_url: str | None = None) -> RunningOperator:
+        seeded_redis(redis_server, "elector-operator")
+        settings = OperatorSettings(
+            redis=RedisSettings(url=redis_url or redis_server.url),
+            identity=identity,
+            ttl_s=3.0,
+            namespaces=(NAMESPACE,),
+            http=HttpSettings(host="127.0.0.1", port=0),
+            watch=WatchSettings(poll_s=0.2, pod_resync_s=0.5, redis_timeout_s=0.5, max_backoff_s=0.5),
+        )
+        registry = CollectorRegistry()
+        stop = asyncio.Event()
+        started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(
+            run_operator(settings, registry=registry, login=login, stop_flag=stop, on_http_started=started)
+        )
+        port = await asyncio.wait_for(asyncio.shield(started), timeout=10)
+        op = RunningOperator(task=task, stop=stop, registry=registry, http_port=port, settings=settings)
+        running.append(op)
+        return op
+
+    yield start
+    for op in running:
+        if not op.task.done():
+            await op.close()
+
+
+@pytest.fixture
+def redis_client(redis_server: RedisServerProcess) -> Iterator[redis.Redis]:
+    """A sync client of the test's redis-server (where the operator keeps its own lease)."""
+    client = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    yield client
+    client.close()

@@ -1,5 +1,6 @@
-"""Fixtures of the `elector operator` tests: kmock as the API server, a real redis-server, the
-operator itself (`run_operator`, with kopf in its own thread as in production).
+"""Helpers of the `elector operator` tests: kmock as the API server, a real redis-server, the
+operator itself (`run_operator`, with kopf in its own thread as in production). Their fixtures
+(`cluster`, `start_operator`, `redis_client`) are in tests/kube/conftest.py.
 
 kmock's gaps (see shared notes): objects are seeded with uid and resourceVersion; watches replay
 every object, so assertions are "at least once". kmock ignores `generateName` (every Event kopf
@@ -14,7 +15,7 @@ import base64
 import itertools
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,17 +23,12 @@ from typing import Any
 import aiohttp
 import attrs
 import kmock
-import kopf
 import pytest
 import redis
-import yaml
 from prometheus_client import CollectorRegistry
 
-from elector.backend import RedisSettings
-from elector.daemon.http import HttpSettings
 from elector.kube.operator import resource
-from elector.kube.operator.runner import OperatorSettings, run_operator
-from elector.kube.operator.watcher import WatchSettings
+from elector.kube.operator.runner import OperatorSettings
 from elector.testing.redis_server import RedisServerProcess
 from tests.support.seed import seed_used_lock
 
@@ -155,25 +151,6 @@ def _collection_path(obj: dict[str, Any]) -> str:
     return f"/apis/{resource.API_VERSION}/namespaces/{NAMESPACE}/{resource.PLURAL}"
 
 
-@pytest.fixture
-async def cluster(kmock: kmock.KubernetesEmulator) -> AsyncIterator[Cluster]:
-    kmock.resources.load_bundled()
-    # The resource as the chart's CRD declares it (the file Helm installs), not a copy.
-    crd = yaml.safe_load(CRD_PATH.read_text())
-    version = next(v for v in crd["spec"]["versions"] if v["served"])
-    key = f"{crd['spec']['group']}/{version['name']}/{crd['spec']['names']['plural']}"
-    assert key == LE_KEY, "the operator and the chart's CRD disagree on the resource"
-    kmock.resources[key] = kmock.ResourceInfo(
-        kind=crd["spec"]["names"]["kind"],
-        singular=crd["spec"]["names"]["singular"],
-        namespaced=crd["spec"]["scope"] == "Namespaced",
-        subresources=set(version.get("subresources") or {}),
-        verbs={"get", "list", "watch", "patch", "create", "delete"},
-    )
-    async with aiohttp.ClientSession() as session:
-        yield Cluster(mock=kmock, session=session)
-
-
 @dataclass
 class RunningOperator:
     task: asyncio.Task[None]
@@ -200,43 +177,6 @@ def seeded_redis(server: RedisServerProcess, *locks: str) -> None:
         client.close()
 
 
-@pytest.fixture
-async def start_operator(
-    cluster: Cluster, redis_server: RedisServerProcess
-) -> AsyncIterator[Callable[..., Any]]:
-    """Start `run_operator` (its own lease on the test's redis-server) against kmock."""
-    running: list[RunningOperator] = []
-
-    async def login(_: kopf.OperatorSettings) -> kopf.ConnectionInfo:
-        return kopf.ConnectionInfo(server=cluster.url, insecure=True, default_namespace=NAMESPACE)
-
-    async def start(*, identity: str = "operator-0", redis_url: str | None = None) -> RunningOperator:
-        seeded_redis(redis_server, "elector-operator")
-        settings = OperatorSettings(
-            redis=RedisSettings(url=redis_url or redis_server.url),
-            identity=identity,
-            ttl_s=3.0,
-            namespaces=(NAMESPACE,),
-            http=HttpSettings(host="127.0.0.1", port=0),
-            watch=WatchSettings(poll_s=0.2, pod_resync_s=0.5, redis_timeout_s=0.5, max_backoff_s=0.5),
-        )
-        registry = CollectorRegistry()
-        stop = asyncio.Event()
-        started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(
-            run_operator(settings, registry=registry, login=login, stop_flag=stop, on_http_started=started)
-        )
-        port = await asyncio.wait_for(asyncio.shield(started), timeout=10)
-        op = RunningOperator(task=task, stop=stop, registry=registry, http_port=port, settings=settings)
-        running.append(op)
-        return op
-
-    yield start
-    for op in running:
-        if not op.task.done():
-            await op.close()
-
-
 async def eventually(
     check: Callable[[], object], *, timeout_s: float = 10.0, what: str | Callable[[], object] = ""
 ) -> float:
@@ -252,10 +192,3 @@ async def eventually(
         await asyncio.sleep(0.05)
     shown = what() if callable(what) else what
     raise AssertionError(f"not within {timeout_s}s: {shown or check} (last error: {last!r})")
-
-
-@pytest.fixture
-def redis_client(redis_server: RedisServerProcess) -> Iterator[redis.Redis]:
-    client = redis.Redis(host="127.0.0.1", port=redis_server.port)
-    yield client
-    client.close()

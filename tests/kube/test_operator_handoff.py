@@ -16,16 +16,13 @@ from elector.testing.redis_server import RedisServerProcess
 from tests.kube.operator_fixtures import (
     OPERATOR_KMOCK,
     Cluster,
-    cluster,
     eventually,
     leader_election,
     pod,
     seeded_redis,
-    start_operator,
 )
 from tests.support.tcp_proxy import TcpProxy
 
-__all__ = ["cluster", "start_operator"]  # fixtures
 pytestmark = OPERATOR_KMOCK
 
 

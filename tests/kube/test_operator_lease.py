@@ -27,15 +27,12 @@ from tests.kube.operator_fixtures import (
     CRD_PATH,
     NAMESPACE,
     Cluster,
-    cluster,
     eventually,
     leader_election,
     pod,
     seeded_redis,
-    start_operator,
 )
 
-__all__ = ["cluster", "start_operator"]  # fixtures
 pytestmark = LEASE_KMOCK
 
 TTL_MS = 3000

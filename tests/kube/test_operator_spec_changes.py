@@ -17,16 +17,13 @@ from elector.testing.redis_server import RedisServerProcess
 from tests.kube.operator_fixtures import (
     OPERATOR_KMOCK,
     Cluster,
-    cluster,
     eventually,
     leader_election,
     pod,
     secret,
     seeded_redis,
-    start_operator,
 )
 
-__all__ = ["cluster", "start_operator"]  # fixtures
 pytestmark = OPERATOR_KMOCK
 
 NEW_LABEL = "example.com/active"

@@ -237,8 +237,9 @@ async def test_stop_flag_stops_kopf_within_the_budget_and_releases(
         stop.set()
         await asyncio.wait_for(runner, timeout=10)
         took = time.monotonic() - asked
-        # kopf's own graceful exit would wait 2 s for the handler: the singleton caps and cancels.
-        assert took < 0.3 + 1.0, took
+        # kopf's own graceful exit would wait its exit_timeout for the handler (which sleeps a
+        # minute): the singleton caps it to its stop budget and cancels, so it ends sooner.
+        assert took < exit_timeout_before, took
         assert await asserted_by.exists(LEASE_KEY) == 0  # released, not left to expire
         await asserted_by.aclose()
     finally:
@@ -300,11 +301,10 @@ async def test_only_the_leader_handles_and_the_other_takes_over_after_a_cut(
     )
     # The ex-leader stopped kopf before its lease could expire on Redis.
     assert a_stopped["t"] < a_expiry, (a_stopped, a_expiry)
-    # The follower took over within the ttl of the cut (with margin for a loaded machine), and
-    # only after the ex-leader's lease was gone: the two kopf operators never overlapped.
-    assert b_leading["t"] - cut_at < ttl_s + 1.5, b_leading["t"] - cut_at
+    # The follower took over only after the ex-leader's lease was gone: the two kopf operators
+    # never overlapped. (How soon after is printed above; that it did is b.wait_for's business.)
     assert b_leading["t"] >= a_expiry - 0.05  # 50 ms: the watcher's own round trips
-    assert b_handled["t"] - cut_at < ttl_s + 3.0, b_handled["t"] - cut_at
+    assert b_leading["t"] <= b_handled["t"]
     for child in (a, b):
         assert_handled_only_while_leading(child)
     assert {e["name"] for e in a.handled()} <= {"before-cut", "after-cut"}
@@ -335,7 +335,6 @@ async def test_clean_stop_releases_at_once(
     assert term_at < a_stopped["t"] < b_leading["t"]
     # Released: b led long before a's last lease would have expired.
     assert b_leading["t"] < a_expiry - 1.0, (b_leading["t"], a_expiry)
-    assert b_leading["t"] - term_at < ttl_s / 2
     for child in (a, b):
         assert_handled_only_while_leading(child)
 
@@ -369,8 +368,9 @@ async def test_a_kopf_that_cannot_stop_ends_the_process_without_releasing(
 
     assert code == EXIT_KOPF_STUCK, a.log_tail()
     assert value is not None and json.loads(value)["identity"] == "a"
-    # The stop budget is 0.45 s (0.9 of stop_work_s): generous margin for a loaded machine.
-    assert exited_at - term_at < 0.45 + 3.0, exited_at - term_at
+    # Stuck, it exits (within its stop budget, 0.45 s, when the machine is not loaded) before its
+    # lease could expire: the follower waits that lease out, never overlapping a live kopf.
+    assert exited_at < a_expiry, (exited_at - term_at, a_expiry - term_at)
     assert not a.events("stopped") and not a.events("exited") and not a.events("unblocked")
     log = a.log_path.read_text(errors="replace")
     assert "CRITICAL" in log and "without releasing the lease" in log, a.log_tail()
@@ -413,7 +413,7 @@ async def test_on_stuck_wait_holds_the_lease_until_kopf_stops(
     assert a.events("unblocked")[0]["t"] <= a_stopped["t"] < b_leading["t"]
     # Released once kopf had stopped, not left to expire.
     assert b_leading["t"] < a_expiry - 0.5, (b_leading["t"], a_expiry)
-    assert b_leading["t"] - unblocked_at < ttl_s / 2 + 1.0
+    assert b_leading["t"] > unblocked_at
     log = a.log_path.read_text(errors="replace")
     assert "holding the lease, not releasing, until it stops" in log, a.log_tail()
 

@@ -21,12 +21,12 @@ import dataclasses
 import random
 import socket
 import time
-from types import TracebackType
 from typing import Self
 
 import redis
 
 from elector.testing.redis_server import RedisServerError, RedisServerProcess
+from tests.support.lifecycle import StartStop
 
 SLOTS = 16384
 FORM_TIMEOUT_S = 20.0
@@ -76,7 +76,7 @@ class ClusterFormationError(RuntimeError):
     pass
 
 
-class LocalCluster:
+class LocalCluster(StartStop):
     """`masters` masters (each with `replicas_per_master` replicas) on 127.0.0.1."""
 
     def __init__(
@@ -115,14 +115,6 @@ class LocalCluster:
     def stop(self) -> None:
         for node in self.nodes:
             node.server.stop()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     @property
     def running(self) -> ClusterProcess:

@@ -1,4 +1,8 @@
-"""Real `elector run` processes for end-to-end tests: start, probe over HTTP, signal, read logs."""
+"""Real `elector run` processes for end-to-end tests: start, probe over HTTP, signal, read logs.
+
+`DaemonStarter` is what the `daemon` fixture (tests/conftest.py) hands out: it starts daemons on
+the test's redis-server, waits for their HTTP endpoint, and stops every one after the test.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from elector.testing.redis_server import free_tcp_port
+from tests.support.waiting import wait_until
+
+__all__ = ["DaemonProcess", "DaemonStarter", "wait_until"]
 
 
 class DaemonProcess:
@@ -113,11 +120,24 @@ class DaemonProcess:
         return lines
 
 
-def wait_until(predicate: Any, *, timeout_s: float, every_s: float = 0.005) -> float:
-    """Poll until predicate() is truthy; returns the monotonic time it became so."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return time.monotonic()
-        time.sleep(every_s)
-    raise AssertionError(f"condition not met within {timeout_s}s")
+class DaemonStarter:
+    """Starts `elector run` daemons (`starter(identity, *extra_args, **options)`), stops them all.
+
+    `options` are those of `DaemonProcess` (lock, ttl, env; redis_url to use another server).
+    """
+
+    def __init__(self, *, redis_url: str | None, log_dir: Path) -> None:
+        self.redis_url = redis_url
+        self.log_dir = log_dir
+        self.started: list[DaemonProcess] = []
+
+    def __call__(self, identity: str, *extra_args: str, **options: Any) -> DaemonProcess:
+        options.setdefault("redis_url", self.redis_url)
+        process = DaemonProcess(identity=identity, log_dir=self.log_dir, extra_args=extra_args, **options)
+        self.started.append(process.start())
+        process.wait_http()
+        return process
+
+    def stop_all(self) -> None:
+        for process in self.started:
+            process.stop()

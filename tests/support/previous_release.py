@@ -158,7 +158,7 @@ def _write_scripts(venv: Path, pyproject: dict[str, object]) -> None:
 
 def _check(venv: Path) -> None:
     """`import elector` in the venv must load the previous release's copy, and its dependencies."""
-    probe = "import elector, elector.cli.main, redis, click; print(elector.__file__)"
+    probe = "import elector, elector.cli, redis, click; print(elector.__file__)"
     # -I, as in the entry point's #! line: neither PYTHONPATH nor the current directory count.
     result = subprocess.run(
         [str(venv / "bin" / "python"), "-I", "-c", probe], capture_output=True, check=False, timeout=60

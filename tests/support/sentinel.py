@@ -10,25 +10,33 @@ Every process runs on a free port, from a temporary directory (sentinels rewrite
 file, so it must be writable), and is stopped by its PID, never by name. Sentinels judge a
 master down after `down_after_ms` (1 s by default): a SIGKILLed master is replaced in about 2 s.
 Start-up waits until every sentinel knows every replica and the other sentinels, since a
-failover asked for earlier fails (NOGOODSLAVE, or no quorum to elect a sentinel leader).
+failover asked for earlier fails (NOGOODSLAVE, or no quorum to elect a sentinel leader). Each
+sentinel is told them in its config file (its own id and the others' are chosen here), so that
+takes about 1 s instead of the 2 s of hello messages it takes sentinels to find each other.
 
-Used by tests/backend/topologies/test_sentinel.py and the fault-injection suite; keep the API small.
+`renew_until_ok()` renews a lease until the deployment takes writes again (after a failover).
+
+Used by tests/backend/topologies/test_sentinel*.py and the fault-injection suite; keep the API small.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
+import secrets
 import shutil
 import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
 import redis
 
+from elector.lease import Lease, LeaseBackend, LeaseBackendError, Renewed
 from elector.testing.redis_server import RedisServerProcess, find_redis_server, free_tcp_port
+from tests.support.lifecycle import StartStop
 
 HOST = "127.0.0.1"
 STOP_TIMEOUT_S = 3.0
@@ -41,24 +49,46 @@ class SentinelSetError(RuntimeError):
 class _SentinelProcess:
     """One `redis-server sentinel.conf --sentinel` child."""
 
-    def __init__(
-        self, *, binary: str, workdir: Path, master_name: str, master_port: int, options: str
-    ) -> None:
-        self.port = free_tcp_port()
+    def __init__(self, *, port: int, workdir: Path) -> None:
+        self.port = port
+        #: The sentinel's run id, chosen here so that the others can be told of it in advance.
+        self.myid = secrets.token_hex(20)
         self.workdir = workdir
         self.config = workdir / "sentinel.conf"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(
+        self,
+        *,
+        binary: str,
+        master_name: str,
+        master_port: int,
+        options: str,
+        replicas: list[int],
+        others: list[_SentinelProcess],
+    ) -> None:
+        # What a sentinel would learn by itself within about 2 s (the replicas from the master's
+        # INFO, the other sentinels from their hello messages) is written in its config instead,
+        # the way sentinels write it themselves: the set is ready as soon as the replicas link.
+        known = [f"sentinel known-replica {master_name} {HOST} {port}\n" for port in replicas]
+        known += [
+            f"sentinel known-sentinel {master_name} {HOST} {other.port} {other.myid}\n" for other in others
+        ]
         self.config.write_text(
             f"port {self.port}\n"
             f"bind {HOST}\n"
-            f"dir {workdir}\n"
-            f"logfile {workdir / 'sentinel.log'}\n"
-            f"sentinel monitor {master_name} {HOST} {master_port} 2\n" + options.format(name=master_name)
+            f"dir {self.workdir}\n"
+            f"logfile {self.workdir / 'sentinel.log'}\n"
+            f"sentinel myid {self.myid}\n"
+            f"sentinel monitor {master_name} {HOST} {master_port} 2\n"
+            + options.format(name=master_name)
+            + "".join(known)
         )
         self.process = subprocess.Popen(
             [binary, str(self.config), "--sentinel"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
-            stderr=(workdir / "stderr.log").open("ab"),
+            stderr=(self.workdir / "stderr.log").open("ab"),
             start_new_session=True,
         )
 
@@ -66,7 +96,7 @@ class _SentinelProcess:
         return redis.Redis(host=HOST, port=self.port, socket_timeout=1.0, decode_responses=True)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
+        if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
                 self.process.wait(timeout=STOP_TIMEOUT_S)
@@ -75,7 +105,7 @@ class _SentinelProcess:
                 self.process.wait(timeout=STOP_TIMEOUT_S)
 
 
-class SentinelSet:
+class SentinelSet(StartStop):
     """A master, `replicas` replicas and `sentinels` sentinels (quorum 2), started and stopped by PID."""
 
     def __init__(
@@ -95,6 +125,8 @@ class SentinelSet:
         self._binary = binary or find_redis_server()
         self._replica_count = replicas
         self._sentinel_count = sentinels
+        #: A sentinel PINGs every instance this often; it judges a crash from its own PINGs only.
+        self._ping_period_s = min(down_after_ms, 1000) / 1000
         self._options = (
             f"sentinel down-after-milliseconds {{name}} {down_after_ms}\n"
             f"sentinel failover-timeout {{name}} {failover_timeout_ms}\n"
@@ -124,16 +156,22 @@ class SentinelSet:
             for index in range(self._sentinel_count):
                 workdir = self._root / f"sentinel-{index}"
                 workdir.mkdir()
-                self.sentinels.append(
-                    _SentinelProcess(
-                        binary=self._binary,
-                        workdir=workdir,
-                        master_name=self.master_name,
-                        master_port=master.port,
-                        options=self._options,
-                    )
+                self.sentinels.append(_SentinelProcess(port=free_tcp_port(), workdir=workdir))
+            sentinels_started = time.monotonic()
+            for sentinel in self.sentinels:
+                sentinel.start(
+                    binary=self._binary,
+                    master_name=self.master_name,
+                    master_port=master.port,
+                    options=self._options,
+                    replicas=[server.port for server in self.servers[1:]],
+                    others=[other for other in self.sentinels if other is not sentinel],
                 )
             self._wait_settled(timeout_s=timeout_s)
+            # Until its first PING round (one period after its start) a sentinel notices a crashed
+            # master about a second later than it does afterwards: wait for it, so that the
+            # promotion times the tests measure are those of a running deployment.
+            time.sleep(max(0.0, sentinels_started + self._ping_period_s + 0.1 - time.monotonic()))
         except BaseException:
             self.stop()
             raise
@@ -149,14 +187,6 @@ class SentinelSet:
         if self._root is not None:
             shutil.rmtree(self._root, ignore_errors=True)
             self._root = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     # -- what the sentinels say --------------------------------------------------------------------
 
@@ -183,6 +213,46 @@ class SentinelSet:
             if server.port == port:
                 return server
         raise SentinelSetError(f"no data node of this deployment listens on port {port}")
+
+    def set_replica_priority(
+        self, server: RedisServerProcess, priority: int, *, timeout_s: float = 10.0
+    ) -> None:
+        """Set a replica's `replica-priority` (0: never promoted) and wait until every sentinel knows.
+
+        Sentinels read it from the replica's INFO, which they ask for every 10 s: a failover started
+        before then would choose by the old value. They are told to ask every 100 ms meanwhile.
+        """
+        with redis.Redis(host=HOST, port=server.port, socket_timeout=1.0) as client:
+            client.config_set("replica-priority", priority)
+
+        def known() -> bool:
+            return all(self._replica_priority(s, server.port) == priority for s in self.sentinels)
+
+        self._set_info_period(100)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while not known():
+                if time.monotonic() > deadline:
+                    raise SentinelSetError(f"the sentinels did not learn the priority of {server.port}")
+                time.sleep(0.05)
+        finally:
+            self._set_info_period(10_000)  # Sentinel's own period again
+
+    def _set_info_period(self, ms: int) -> None:
+        for sentinel in self.sentinels:
+            with sentinel.client() as client:
+                client.execute_command("SENTINEL", "DEBUG", "INFO-PERIOD", ms)
+
+    def _replica_priority(self, sentinel: _SentinelProcess, port: int) -> int | None:
+        try:
+            with sentinel.client() as client:
+                replicas = client.sentinel_slaves(self.master_name)
+        except redis.RedisError:
+            return None
+        for replica in replicas:
+            if int(replica["port"]) == port:
+                return int(replica.get("slave-priority", -1))
+        return None
 
     # -- faults ----------------------------------------------------------------------------------
 
@@ -263,3 +333,30 @@ class SentinelSet:
     def _replica_linked(self, server: RedisServerProcess) -> bool:
         info = self._role_of(server.port)
         return info is not None and info.get("master_link_status") == "up"
+
+
+# -- riding out a failover -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RenewedAgain:
+    #: Failed renewals before the one that succeeded.
+    failures: int
+    #: When (time.monotonic()) the successful renewal was sent: its ttl counts from no earlier.
+    sent_at: float
+    #: Seconds from the first attempt to the success.
+    after_s: float
+
+
+async def renew_until_ok(backend: LeaseBackend, lease: Lease, *, timeout_s: float) -> RenewedAgain:
+    """Renew every 50 ms (each attempt cut at 1 s) until one succeeds; AssertionError after `timeout_s`."""
+    started, failures = time.monotonic(), 0
+    while time.monotonic() - started < timeout_s:
+        sent_at = time.monotonic()
+        try:
+            if isinstance(await asyncio.wait_for(backend.renew(lease), 1.0), Renewed):
+                return RenewedAgain(failures=failures, sent_at=sent_at, after_s=time.monotonic() - started)
+        except (LeaseBackendError, TimeoutError):
+            failures += 1
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no successful renewal within {timeout_s}s ({failures} failures)")

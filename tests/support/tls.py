@@ -18,12 +18,12 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 import trustme
 
 from elector.testing.redis_server import RedisServerProcess, free_tcp_port
+from tests.support.lifecycle import StartStop
 
 ENV_VAR = "ELECTOR_REDIS_TLS_SERVER"
 
@@ -94,7 +94,7 @@ def make_tls_files(directory: Path, *, ca: trustme.CA | None = None) -> TlsFiles
     return files
 
 
-class TlsRedis:
+class TlsRedis(StartStop):
     """A redis-server serving TLS only (plain port off), requiring client certificates."""
 
     def __init__(
@@ -128,11 +128,3 @@ class TlsRedis:
 
     def stop(self) -> None:
         self.server.stop()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()

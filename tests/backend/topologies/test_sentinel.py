@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,10 +22,10 @@ from elector.backend import (
 )
 from elector.backend.topologies.sentinel import SentinelTarget, parse_sentinel_url
 from elector.election import ElectionTiming
-from elector.lease import Granted, LeaseBackendError, Renewed
+from elector.lease import Granted
 from tests.support.daemon import DaemonProcess, wait_until
 from tests.support.seed import seed_used_lock_async
-from tests.support.sentinel import SentinelSet
+from tests.support.sentinel import SentinelSet, renew_until_ok
 
 # --- URL --------------------------------------------------------------------------------------
 
@@ -78,27 +77,6 @@ def test_sentinel_url_is_redacted() -> None:
 # --- a deployment -------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def deployment() -> Iterator[SentinelSet]:
-    with SentinelSet(replicas=2) as sentinels:
-        yield sentinels
-
-
-async def _renew_until_ok(
-    backend: RedisLeaseBackend, granted: Granted, *, timeout_s: float
-) -> tuple[int, float]:
-    """Renew every 50 ms until one succeeds again; (failed attempts, seconds until success)."""
-    started, failures = time.monotonic(), 0
-    while time.monotonic() - started < timeout_s:
-        try:
-            if isinstance(await asyncio.wait_for(backend.renew(granted.lease), 1.0), Renewed):
-                return failures, time.monotonic() - started
-        except (LeaseBackendError, TimeoutError):
-            failures += 1
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"no successful renewal within {timeout_s}s ({failures} failures)")
-
-
 async def test_backend_follows_the_master_across_a_crash(deployment: SentinelSet) -> None:
     client = make_client(RedisSettings(url=deployment.url, request_timeout_s=0.5))
     try:
@@ -111,7 +89,8 @@ async def test_backend_follows_the_master_across_a_crash(deployment: SentinelSet
         killed_at = time.monotonic()
         new = await asyncio.to_thread(deployment.kill_master)
         promoted_s = time.monotonic() - killed_at
-        failures, back_s = await _renew_until_ok(backend, granted, timeout_s=10)
+        again = await renew_until_ok(backend, granted.lease, timeout_s=10)
+        failures, back_s = again.failures, again.after_s
         assert new != old
         # The grant was replicated before the crash: the new master renews it, same fencing token.
         assert client.connection_pool.master_address == new  # type: ignore[attr-defined]

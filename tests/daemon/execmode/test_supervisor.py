@@ -32,6 +32,7 @@ from elector.daemon.execmode.supervisor import (
     ChildSupervisor,
     stop_budget_s,
 )
+from tests.support.waiting import until
 
 REPO = Path(__file__).resolve().parents[3]
 GRACE_S = 0.5
@@ -68,13 +69,6 @@ async def read_pids(path: Path, *, count: int = 1, timeout_s: float = 5.0) -> li
         assert time.monotonic() < deadline, f"{path} did not get {count} pid(s) within {timeout_s}s"
         await asyncio.sleep(0.01)
     return pids
-
-
-async def until(predicate: Any, *, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture
