@@ -346,7 +346,9 @@ def test_a_lost_lease_kills_the_command_at_once_without_a_sigterm(
 
     wait_until(lambda: not any(alive(pid) for pid in a_pids), timeout_s=5)
     assert not (work / "a.terms").exists(), "SIGKILL at once: no SIGTERM, no grace"
-    assert session_members(session) == []
+    # The command's processes are gone; the keeper (in the same session) exits right after it
+    # has reaped them, a few milliseconds later on a loaded machine.
+    wait_until(lambda: session_members(session) == [], timeout_s=5)
     wait_until(lambda: any(line.get("event") == "stepped_down" for line in a.log_lines()), timeout_s=5)
     reasons = [line.get("reason") for line in a.log_lines() if line.get("event") == "stepped_down"]
     assert reasons[:1] == ["lost"], reasons
