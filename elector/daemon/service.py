@@ -28,7 +28,7 @@ from elector.backend import RedisLeaseBackend
 from elector.backend.topologies.factory import LeaseConnections
 from elector.backend.topologies.sentinel_watch import default_poll_interval_s, watch_master
 from elector.daemon.execmode.runner import ExecMode, keeper_margin_s
-from elector.daemon.execmode.supervisor import ChildRegistry, OrphanReaper, become_subreaper
+from elector.daemon.execmode.supervisor import AwaitedChildren, OrphanReaper, become_subreaper
 from elector.daemon.http import HttpBindError, HttpServer, make_http_app
 from elector.daemon.leader_file import LEADER_FILE_WAIT_S, LeaderFileWriter
 from elector.daemon.logs import OutcomeLogger, configure_logging, make_logger
@@ -300,7 +300,7 @@ class Daemon:
         families = MetricFamilies(self.registry)
         self.exec_mode: ExecMode | None = None
         # Shared by the command's supervisor and the orphan reaper: neither reaps the other's.
-        self._children = ChildRegistry()
+        self._children = AwaitedChildren()
         hooks: dict[str, Any] = {}
         if settings.exec is not None:
             self.exec_mode = ExecMode(

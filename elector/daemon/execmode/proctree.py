@@ -86,12 +86,12 @@ def all_procs() -> list[Proc]:
     return [proc for name in names if name.isdigit() and (proc := read_proc(int(name))) is not None]
 
 
-class ChildRegistry:
+class AwaitedChildren:
     """The children asyncio waits for on behalf of supervisors (no one else may reap them), and
     how many spawns are in flight (whose pids are not known yet).
 
     Reaping is process-wide, so a supervisor and an `OrphanReaper` of one process must share one
-    registry: pass the same object to both.
+    set: pass the same object to both.
     """
 
     def __init__(self) -> None:

@@ -1,6 +1,6 @@
 """The orphan reaper: reaps zombies reparented to this process (as PID 1 or a subreaper).
 
-It shares a `ChildRegistry` with the child supervisor, so that it never reaps a child that
+It shares an `AwaitedChildren` with the child supervisor, so that it never reaps a child that
 asyncio waits for on a supervisor's behalf (see elector/daemon/execmode/supervisor.py).
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Self
 
 from elector.daemon.execmode.proctree import (
-    ChildRegistry,
+    AwaitedChildren,
     SupervisorLogger,
     all_procs,
     default_logger,
@@ -39,10 +39,10 @@ class OrphanReaper:
         *,
         sweep_interval_s: float = 5.0,
         exclude: Callable[[], int | Iterable[int] | None] | None = None,
-        children: ChildRegistry | None = None,
+        children: AwaitedChildren | None = None,
         logger: SupervisorLogger | None = None,
     ) -> None:
-        self._children = ChildRegistry() if children is None else children
+        self._children = AwaitedChildren() if children is None else children
         self.sweep_interval_s = sweep_interval_s
         self._exclude = exclude
         self.reaped_total = 0

@@ -36,8 +36,8 @@ from elector.backoff import Backoff
 from elector.daemon.execmode.keeper import KeeperLink
 from elector.daemon.execmode.supervisor import (
     KILL_REAP_SLACK_S,
+    AwaitedChildren,
     ChildExit,
-    ChildRegistry,
     ChildStartError,
     ChildSupervisor,
 )
@@ -108,7 +108,7 @@ class ExecMode:
         *,
         log: structlog.stdlib.BoundLogger,
         request_exit: Callable[[int], None],
-        children: ChildRegistry,
+        children: AwaitedChildren,
         keeper_margin_s: float | None,
     ) -> None:
         """`keeper_margin_s`: see `keeper_margin_s()`; None runs the command without a keeper

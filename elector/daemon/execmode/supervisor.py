@@ -55,7 +55,7 @@ from collections.abc import Callable, Mapping, Sequence
 from elector.daemon.execmode.keeper import KeeperLink
 from elector.daemon.execmode.proctree import (
     HAVE_PROC,
-    ChildRegistry,
+    AwaitedChildren,
     Proc,
     SupervisorLogger,
     all_procs,
@@ -69,8 +69,8 @@ from elector.daemon.execmode.reaper import OrphanReaper
 
 __all__ = [
     "KILL_REAP_SLACK_S",
+    "AwaitedChildren",
     "ChildExit",
-    "ChildRegistry",
     "ChildStartError",
     "ChildSupervisor",
     "OrphanReaper",
@@ -153,10 +153,10 @@ class ChildSupervisor:
         *,
         kill_grace_s: float,
         on_exit: Callable[[ChildExit], None],
-        children: ChildRegistry | None = None,
+        children: AwaitedChildren | None = None,
         logger: SupervisorLogger | None = None,
     ) -> None:
-        self._children = ChildRegistry() if children is None else children
+        self._children = AwaitedChildren() if children is None else children
         if not command:
             raise ValueError("the command is empty")
         if not (math.isfinite(kill_grace_s) and kill_grace_s >= 0):

@@ -46,7 +46,7 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="elector.io")
 
 
-def build_registry(
+def build_handlers(
     *,
     api: KubeApi,
     metrics: OperatorMetrics,

@@ -22,7 +22,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 import elector
 from elector.backend import RedisSettings, make_client
 from elector.daemon.http import HttpServer, HttpSettings
-from elector.kube.operator.handlers import Login, build_registry, configure_settings
+from elector.kube.operator.handlers import Login, build_handlers, configure_settings
 from elector.kube.operator.kubeapi import KubeApi
 from elector.kube.operator.metrics import OperatorMetrics
 from elector.kube.operator.watcher import WatchSettings
@@ -81,7 +81,7 @@ async def run_operator(
         register_process_metrics(metrics_registry)
     metrics = OperatorMetrics(metrics_registry)
     api = KubeApi()
-    kopf_registry = build_registry(api=api, metrics=metrics, watch=settings.watch, login=login)
+    kopf_registry = build_handlers(api=api, metrics=metrics, watch=settings.watch, login=login)
     kopf_settings = kopf.OperatorSettings()
     configure_settings(kopf_settings)
     # The operator's own lease: redis-py retries off, short timeouts (see elector.backend).

@@ -21,7 +21,7 @@ import structlog
 import structlog.testing
 
 from elector.daemon.execmode.runner import ExecMode, command_backoff
-from elector.daemon.execmode.supervisor import ChildRegistry
+from elector.daemon.execmode.supervisor import AwaitedChildren
 from elector.daemon.settings import ChildExitPolicy, ExecSettings
 from elector.daemon.testing_hooks import BLOCK_LOOP_ENV
 from elector.election import ElectionStatus, State, StepDownReason
@@ -432,7 +432,8 @@ async def test_a_step_down_cancels_a_restart_whose_start_is_under_way(tmp_path: 
         command=("sh", "-c", script), kill_grace_s=30.0, on_child_exit=ChildExitPolicy.RESTART
     )
     exec_mode = ExecMode(
-        settings, log=structlog.get_logger("test"), request_exit=lambda code: None, children=ChildRegistry(),
+        settings, log=structlog.get_logger("test"), request_exit=lambda code: None,
+        children=AwaitedChildren(),
         keeper_margin_s=None,  # the race is the daemon's own: no keeper between it and the command
     )  # fmt: skip
     exec_mode.attach(StandInElection(token=7))
@@ -469,7 +470,8 @@ async def test_a_stop_without_a_term_is_a_no_op(tmp_path: Path) -> None:
     # The election calls on_stopped_leading once at the end of a run that never led.
     settings = ExecSettings(command=("sh", "-c", f"touch {tmp_path / 'ran'}"), kill_grace_s=1.0)
     exec_mode = ExecMode(
-        settings, log=structlog.get_logger("test"), request_exit=lambda code: None, children=ChildRegistry(),
+        settings, log=structlog.get_logger("test"), request_exit=lambda code: None,
+        children=AwaitedChildren(),
         keeper_margin_s=None,
     )  # fmt: skip
     exec_mode.attach(StandInElection(token=7))

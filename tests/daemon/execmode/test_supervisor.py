@@ -398,11 +398,13 @@ def test_a_bad_grace_or_empty_command_is_refused(grace_s: float) -> None:
 SCENARIOS = """
 import asyncio, json, os, subprocess, sys, time
 from pathlib import Path
-from elector.daemon.execmode.supervisor import ChildRegistry, ChildSupervisor, OrphanReaper, become_subreaper
+from elector.daemon.execmode.supervisor import (
+    AwaitedChildren, ChildSupervisor, OrphanReaper, become_subreaper,
+)
 
 TMP = Path(sys.argv[2])
 #: One registry for the process, as the daemon wires it: the reaper never takes the supervisor's.
-CHILDREN = ChildRegistry()
+CHILDREN = AwaitedChildren()
 ME = os.getpid()
 
 
