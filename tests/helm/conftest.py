@@ -1,10 +1,15 @@
 """Fixtures for the Helm chart: its directory, and rendering it with the real Helm engine (helm-python-sdk).
 
+helm/elector depends on the library chart helm/elector-sidecar (`repository: file://../elector-sidecar`).
+There is no `helm dependency build` here: `assemble` copies a chart with its file:// dependencies under
+charts/, as that command would, and `chart` is helm/elector assembled that way.
+
 Test modules cannot import this file (tests/conftest.py shadows the name): everything is a fixture.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -13,20 +18,61 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from helm_python import _native
 from helm_python.chart import Chart
 
 CHART_DIR = Path(__file__).resolve().parents[2] / "helm" / "elector"
-CRD_PATH = CHART_DIR / "crds" / "leaderelection.yaml"
+LIBRARY_DIR = CHART_DIR.parent / "elector-sidecar"
+CRD_PATH = CHART_DIR.parent / "elector-operator" / "files" / "leaderelection-crd.yaml"
 _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 RELEASE = "demo"
 NAMESPACE = "apps"
 
-Render = Callable[[dict[str, Any]], list[dict[str, Any]]]
+Render = Callable[..., list[dict[str, Any]]]
 
 
-def render_documents(chart: Chart, values: dict[str, Any], *, name: str = RELEASE) -> list[dict[str, Any]]:
-    """Render the chart and parse every manifest (NOTES.txt excluded) into its YAML documents."""
-    manifests = chart.render(values, name=name, namespace=NAMESPACE)
+def assemble_chart(source: Path, into: Path) -> Path:
+    """Copy the chart directory `source` to `into/<its name>`, with every `file://` dependency of its
+    Chart.yaml assembled the same way under charts/ (what `helm dependency build` unpacks)."""
+    target = into / source.name
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("charts", "Chart.lock"))
+    metadata = yaml.safe_load((source / "Chart.yaml").read_text())
+    for dependency in metadata.get("dependencies") or []:
+        repository = str(dependency.get("repository", ""))
+        if not repository.startswith("file://"):
+            raise ValueError(f"{source.name}: dependency {dependency['name']} is not file://; fetch it first")
+        assemble_chart((source / repository.removeprefix("file://")).resolve(), target / "charts")
+    return target
+
+
+def render_manifests(
+    chart: Chart,
+    values: dict[str, Any],
+    *,
+    name: str = RELEASE,
+    kube_version: str | None = None,
+    api_versions: list[str] | None = None,
+) -> dict[str, str]:
+    """chart.render, plus the engine's Capabilities (KubeVersion, APIVersions) that Chart.render does not
+    expose: the native call takes them as render options (default: the engine's own Kubernetes version)."""
+    if kube_version is None and api_versions is None:
+        return chart.render(values, name=name, namespace=NAMESPACE)
+    options: dict[str, Any] = {"name": name, "namespace": NAMESPACE}
+    if kube_version is not None:
+        options["kube_version"] = kube_version if kube_version.startswith("v") else f"v{kube_version}"
+    if api_versions is not None:
+        options["api_versions"] = api_versions
+    rendered = _native.call_string("helm_render", chart._raw(), json.dumps(values), json.dumps(options))
+    manifests: dict[str, str] = json.loads(rendered)
+    return manifests
+
+
+def render_documents(
+    chart: Chart, values: dict[str, Any], *, name: str = RELEASE, **capabilities: Any
+) -> list[dict[str, Any]]:
+    """Render the chart and parse every manifest (NOTES.txt excluded) into its YAML documents.
+    `kube_version` ("1.30.0") and `api_versions` (["elector.io/v1alpha1"]) set the engine's Capabilities."""
+    manifests = render_manifests(chart, values, name=name, **capabilities)
     documents: list[dict[str, Any]] = []
     for path, text in sorted(manifests.items()):
         if path.endswith("NOTES.txt"):
@@ -37,26 +83,58 @@ def render_documents(chart: Chart, values: dict[str, Any], *, name: str = RELEAS
 
 @pytest.fixture(scope="session")
 def chart_dir() -> Path:
+    """The source of helm/elector (read its files here; render and lint `built_chart_dir`)."""
     return CHART_DIR
 
 
 @pytest.fixture(scope="session")
-def chart(chart_dir: Path) -> Chart:
-    return Chart.load(chart_dir)
+def library_dir() -> Path:
+    """The source of the library chart helm/elector-sidecar."""
+    return LIBRARY_DIR
+
+
+@pytest.fixture(scope="session")
+def assemble() -> Callable[[Path, Path], Path]:
+    """assemble(source, into) -> a copy of the chart `source` in `into`, file:// dependencies in charts/."""
+    return assemble_chart
+
+
+@pytest.fixture(scope="session")
+def built_chart_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """helm/elector with helm/elector-sidecar under charts/, as after `helm dependency build`."""
+    return assemble_chart(CHART_DIR, tmp_path_factory.mktemp("built"))
+
+
+@pytest.fixture(scope="session")
+def chart(built_chart_dir: Path) -> Chart:
+    return Chart.load(built_chart_dir)
 
 
 @pytest.fixture(scope="session")
 def render_chart() -> Callable[..., list[dict[str, Any]]]:
-    """render_chart(chart, values, name=...) -> parsed documents, for other charts or release names."""
+    """render_chart(chart, values, name=..., kube_version=..., api_versions=...) -> parsed documents, for
+    other charts, release names or Capabilities."""
     return render_documents
 
 
 @pytest.fixture(scope="session")
-def render(chart: Chart) -> Render:
-    """render(values) -> the parsed documents of a release "demo" in namespace "apps"."""
+def render_notes() -> Callable[..., str]:
+    """render_notes(chart, values, **capabilities) -> the rendered NOTES.txt of a release "demo"."""
 
-    def _render(values: dict[str, Any]) -> list[dict[str, Any]]:
-        return render_documents(chart, values)
+    def _notes(chart: Chart, values: dict[str, Any], **capabilities: Any) -> str:
+        manifests = render_manifests(chart, values, **capabilities)
+        return next(text for path, text in manifests.items() if path.endswith("/templates/NOTES.txt"))
+
+    return _notes
+
+
+@pytest.fixture(scope="session")
+def render(chart: Chart) -> Render:
+    """render(values, kube_version=..., api_versions=...) -> the parsed documents of a release "demo" in
+    namespace "apps" (Capabilities: the engine's defaults unless given)."""
+
+    def _render(values: dict[str, Any], **capabilities: Any) -> list[dict[str, Any]]:
+        return render_documents(chart, values, **capabilities)
 
     return _render
 

@@ -1,9 +1,12 @@
-"""The chart rendered by the real Helm engine (helm-python-sdk): lint, Kubernetes schemas, and what each
-template renders for which values."""
+"""The chart helm/elector rendered by the real Helm engine (helm-python-sdk), assembled with its library
+dependency helm/elector-sidecar (conftest.py): lint, Kubernetes schemas, and what each template renders for
+which values -- the NetworkPolicy's Redis ports, the PodDisruptionBudget and readiness that never block a
+drain, the extension points, the app's ELECTOR_LEADER_URL."""
 
 from __future__ import annotations
 
-import shutil
+import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,9 +16,9 @@ import kubernetes_validate
 import pytest
 import yaml
 from helm_python.chart import Chart, lint
-from helm_python.errors import HelmRenderError
+from helm_python.errors import HelmRenderError, HelmValuesError
 
-Render = Callable[[dict[str, Any]], list[dict[str, Any]]]
+Render = Callable[..., list[dict[str, Any]]]
 RenderChart = Callable[..., list[dict[str, Any]]]
 NAMESPACE = "apps"  # the namespace the conftest fixtures render into
 
@@ -154,6 +157,7 @@ def test_ci_value_sets_exist() -> None:
         "full-values.yaml",
         "gate-on-leadership-values.yaml",
         "leader-election-values.yaml",
+        "extensions-values.yaml",
     } <= names
 
 
@@ -161,22 +165,22 @@ def test_ci_value_sets_exist() -> None:
 @pytest.mark.parametrize("kube_version", [OLDEST_KUBE, NEWEST_KUBE])
 def test_ci_values_lint_and_validate(
     render: Render,
-    chart_dir: Path,
+    built_chart_dir: Path,
     values_file: Path,
     kube_version: str,
     validate_leader_election: Callable[[dict[str, Any]], None],
 ) -> None:
     values = yaml.safe_load(values_file.read_text()) or {}
-    result = lint(chart_dir, values, strict=True, kube_version=f"v{kube_version}")
+    result = lint(built_chart_dir, values, strict=True, kube_version=f"v{kube_version}")
     # severity 1 is INFO ("icon is recommended"); strict lint fails on warnings (2) and errors (3)
     assert result["errors"] == [] and all(m["severity"] < 2 for m in result["messages"]), result
-    docs = render(values)
+    docs = render(values, kube_version=kube_version)
     assert docs
     for doc in docs:
         assert doc["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
         if doc["apiVersion"] == "monitoring.coreos.com/v1":
             validate_monitoring(doc)
-        elif doc["apiVersion"] == "elector.io/v1alpha1":  # the chart's own CRD (crds/), strictly
+        elif doc["apiVersion"] == "elector.io/v1alpha1":  # the elector-operator chart's CRD, strictly
             validate_leader_election(doc)
         else:
             kubernetes_validate.validate(doc, kube_version, strict=True)
@@ -198,7 +202,11 @@ def test_defaults_render_workload_objects(render: Render) -> None:
     assert container(docs, "app")["image"] == "registry.k8s.io/pause:3.9"
     assert "volumes" not in pod["spec"]
     pdb = find(docs, "PodDisruptionBudget")
-    assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": selector}}
+    assert pdb["spec"] == {
+        "maxUnavailable": 1,
+        "selector": {"matchLabels": selector},
+        "unhealthyPodEvictionPolicy": "AlwaysAllow",
+    }
 
 
 def test_sidecar_defaults(render: Render) -> None:
@@ -245,11 +253,11 @@ def test_grace_period_covers_prestop_and_release(render: Render) -> None:
 
 def test_the_shutdown_linger_reaches_the_sidecar_and_the_grace_period_covers_it(render: Render) -> None:
     assert "ELECTOR_SHUTDOWN_LINGER" not in env_of(container(render({}), "elector"))
-    values = {"sidecar": {"shutdownLingerSeconds": 30}, "workload": {"terminationGracePeriodSeconds": 45}}
+    values = {"elector": {"shutdownLingerSeconds": 30}, "workload": {"terminationGracePeriodSeconds": 45}}
     docs = render(values)
     assert env_of(container(docs, "elector"))["ELECTOR_SHUTDOWN_LINGER"] == "30s"
     with pytest.raises(HelmRenderError, match="shutdownLingerSeconds"):
-        render({"sidecar": {"shutdownLingerSeconds": 30}})  # 30 s grace < 5 + 30 + 10
+        render({"elector": {"shutdownLingerSeconds": 30}})  # 30 s grace < 5 + 30 + 10
 
 
 def test_optional_daemon_settings_only_when_set(render: Render) -> None:
@@ -297,11 +305,11 @@ def test_redis_password_from_existing_secret(render: Render) -> None:
 
 def test_image_tag_and_digest(render: Render) -> None:
     assert (
-        container(render({"image": {"tag": "1.2.3"}}), "elector")["image"]
+        container(render({"elector": {"image": {"tag": "1.2.3"}}}), "elector")["image"]
         == "ghcr.io/elector-dev/elector:1.2.3"
     )
     digest = "sha256:" + "a" * 64
-    image = container(render({"image": {"digest": digest, "tag": "1.2.3"}}), "elector")["image"]
+    image = container(render({"elector": {"image": {"digest": digest, "tag": "1.2.3"}}}), "elector")["image"]
     assert image == f"ghcr.io/elector-dev/elector@{digest}"
 
 
@@ -318,8 +326,11 @@ def test_leader_service_default_selects_operator_label(render: Render) -> None:
     assert container(docs, "app")["ports"][0]["name"] == "http"
 
 
+GATED = {"elector": {"gateOnLeadership": True}, "podDisruptionBudget": {"maxUnavailable": "100%"}}
+
+
 def test_gate_on_leadership_switches_readiness_and_leader_service(render: Render) -> None:
-    docs = render({"readiness": {"gateOnLeadership": True}})
+    docs = render(GATED)
     assert container(docs, "elector")["readinessProbe"]["httpGet"] == {
         "path": "/leader",
         "port": "elector-http",
@@ -390,19 +401,83 @@ def test_dashboard_configmap(render: Render, chart_dir: Path) -> None:
     assert not [d for d in render({}) if d["kind"] == "ConfigMap"]
 
 
+def egress_ports(policy: dict[str, Any]) -> list[list[int | str]]:
+    return [[p["port"] for p in rule["ports"]] for rule in policy["spec"]["egress"]]
+
+
+def with_url(url: str, **egress: Any) -> dict[str, Any]:
+    return {"elector": {"redis": {"url": url}}, "networkPolicy": {"enabled": True, "egress": egress}}
+
+
 def test_network_policy(render: Render) -> None:
     assert not [d for d in render({}) if d["kind"] == "NetworkPolicy"]
-    docs = render({"networkPolicy": {"enabled": True, "egress": {"redisPort": 6380}}})
-    policy = find(docs, "NetworkPolicy")
+    policy = find(render({"networkPolicy": {"enabled": True}}), "NetworkPolicy")
     assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
     ingress_ports = [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]]
     assert ingress_ports == ["elector-http", "http"]
-    egress_ports = [p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]]
-    assert egress_ports == [53, 53, 6380]
+    assert egress_ports(policy) == [[53, 53], [6379]]  # DNS, then the default URL's port
+    assert all(p["protocol"] == "TCP" for p in policy["spec"]["egress"][1]["ports"])
     open_egress = find(
         render({"networkPolicy": {"enabled": True, "egress": {"enabled": False}}}), "NetworkPolicy"
     )
     assert open_egress["spec"]["policyTypes"] == ["Ingress"] and "egress" not in open_egress["spec"]
+
+
+@pytest.mark.parametrize(
+    ("url", "master_ports", "ports"),
+    [
+        ("redis://redis.data:6380/0", [], [6380]),
+        ("rediss://redis.data/0", [], [6379]),  # no port: Redis' default
+        ("redis://billing@[fd00::7]:6390/1", [], [6390]),
+        # every Sentinel (default 26379), and the master's ports, which only the sentinels know
+        ("redis+sentinel://s1:26379,s2:26380,s3/mymaster/0", [6379], [6379, 26379, 26380]),
+        ("rediss+sentinel://s1:36379,s2:36379/mymaster", [6380, 16380], [6380, 16380, 36379]),
+    ],
+    ids=["port-6380", "default-port", "ipv6-with-user", "sentinel", "sentinel-tls"],
+)
+def test_network_policy_egress_follows_the_redis_url(
+    render: Render, url: str, master_ports: list[int], ports: list[int]
+) -> None:
+    values = with_url(
+        url, sentinelMasterPorts=master_ports, redisTo=[{"podSelector": {"matchLabels": {"a": "b"}}}]
+    )
+    policy = find(render(values), "NetworkPolicy")
+    assert egress_ports(policy) == [[53, 53], ports]
+    assert policy["spec"]["egress"][1]["to"] == [{"podSelector": {"matchLabels": {"a": "b"}}}]
+    kubernetes_validate.validate(policy, NEWEST_KUBE, strict=True)
+
+
+def test_network_policy_for_a_unix_socket_allows_dns_only(render: Render) -> None:
+    policy = find(render(with_url("unix:///var/run/redis/redis.sock")), "NetworkPolicy")
+    assert egress_ports(policy) == [[53, 53]]
+
+
+def test_network_policy_refuses_what_it_cannot_derive(render: Render) -> None:
+    with pytest.raises(HelmRenderError, match="sentinelMasterPorts") as error:
+        render(with_url("redis+sentinel://s1:26379,s2:26379/mymaster/0"))
+    assert "s1" not in str(error.value)  # the message never quotes the URL
+    with pytest.raises(HelmRenderError, match=re.escape("not a number 1..65535")):
+        render(with_url("redis://redis.data:99999/0"))
+    with pytest.raises(HelmRenderError, match=re.escape("not a number 1..65535")):
+        render(with_url("redis+sentinel://s1:26379,s2:x/mymaster", sentinelMasterPorts=[6379]))
+    # without restricted egress nothing is derived, so nothing fails
+    assert find(render(with_url("redis+sentinel://s1,s2/m", enabled=False)), "NetworkPolicy")
+
+
+def test_the_fixed_redis_port_is_gone(chart: Chart) -> None:
+    """networkPolicy.egress.redisPort never followed the URL: the schema refuses it, names its successor."""
+    with pytest.raises(HelmValuesError, match=re.escape("the Redis ports now come from elector.redis.url")):
+        chart.validate_schema({"networkPolicy": {"egress": {"redisPort": 6380}}})
+    assert "redisPort" not in chart.values["networkPolicy"]["egress"]
+
+
+def test_full_ci_values_reach_their_redis_port(render: Render, chart_dir: Path) -> None:
+    values = yaml.safe_load((chart_dir / "ci" / "full-values.yaml").read_text())
+    url = values["elector"]["redis"]["url"]
+    port = int(re.search(r":(\d+)/", url).group(1))  # type: ignore[union-attr]
+    assert port == 6380
+    policy = find(render(values), "NetworkPolicy")
+    assert [port] in egress_ports(policy)
 
 
 def test_pdb_min_available(render: Render) -> None:
@@ -441,48 +516,255 @@ def test_release_name_containing_chart_name(chart: Chart, render_chart: RenderCh
 def test_notes_tell_the_truth_about_the_leader_service(chart: Chart) -> None:
     notes = chart.render({}, name="demo", namespace=NAMESPACE)["elector/templates/NOTES.txt"]
     assert "NO endpoints" in notes and "elector.io/leader=true" in notes and "GET /readyz" in notes
-    gated = chart.render({"readiness": {"gateOnLeadership": True}}, name="demo", namespace=NAMESPACE)
+    gated = chart.render(GATED, name="demo", namespace=NAMESPACE)
     gated_notes = gated["elector/templates/NOTES.txt"]
     assert "only the leader is ready" in gated_notes and "NO endpoints" not in gated_notes
-    with_password = {"elector": {"redis": {"url": "rediss://user:hunter2@redis.data:6380/2"}}}
-    notes_with_password = chart.render(with_password, name="demo", namespace=NAMESPACE)[
-        "elector/templates/NOTES.txt"
-    ]
-    assert "rediss://redis.data:6380/2" in notes_with_password and "hunter2" not in notes_with_password
+    with_user = {"elector": {"redis": {"url": "rediss://billing@redis.data:6380/2?ssl_cert_reqs=required"}}}
+    notes_with_user = chart.render(with_user, name="demo", namespace=NAMESPACE)["elector/templates/NOTES.txt"]
+    assert "Redis: rediss://redis.data:6380/2\n" in notes_with_user and "billing@" not in notes_with_user
+    # a Sentinel list with several ports, which Go's url.Parse (urlParse) refuses
+    sentinels = {"elector": {"redis": {"url": "redis+sentinel://s1:26379,s2:26380/mymaster/0"}}}
+    sentinel_notes = chart.render(sentinels, name="demo", namespace=NAMESPACE)["elector/templates/NOTES.txt"]
+    assert "Redis: redis+sentinel://s1:26379,s2:26380/mymaster/0" in sentinel_notes
+    assert "http://127.0.0.1:8080/leader" in notes
     forced = chart.render({"prometheusRule": {"enabled": True}}, name="demo", namespace=NAMESPACE)
     assert "PrometheusRule" in forced["elector/templates/NOTES.txt"]
     assert "skipped" in forced["elector/templates/NOTES.txt"]
 
 
-def test_sidecar_template_in_a_parent_chart(
-    tmp_path: Path, chart_dir: Path, render_chart: RenderChart
+# --- drains and readiness (issue 17, problem 5) ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("kube_version", [OLDEST_KUBE, "1.31.0", NEWEST_KUBE])
+def test_unready_pods_never_block_a_drain(render: Render, kube_version: str) -> None:
+    """unhealthyPodEvictionPolicy AlwaysAllow (beta, on by default, in 1.27; GA in 1.31): a follower that
+    gateOnLeadership keeps unready, or every pod during a Redis outage, can be evicted whatever the budget."""
+    pdb = find(render({}, kube_version=kube_version), "PodDisruptionBudget")
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    kubernetes_validate.validate(pdb, kube_version, strict=True)
+    unset = {"podDisruptionBudget": {"unhealthyPodEvictionPolicy": ""}}
+    assert "unhealthyPodEvictionPolicy" not in find(render(unset), "PodDisruptionBudget")["spec"]
+
+
+def test_the_policy_needs_a_kubernetes_version_that_has_it(chart_dir: Path) -> None:
+    # The engine renders nothing below Chart.yaml's kubeVersion (>= 1.27): the guard is checked in the source.
+    assert ">=1.27.0-0" in yaml.safe_load((chart_dir / "Chart.yaml").read_text())["kubeVersion"]
+    template = (chart_dir / "templates" / "pdb.yaml").read_text()
+    assert 'semverCompare ">=1.27.0-0" .Capabilities.KubeVersion.Version' in template
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"podDisruptionBudget": {"maxUnavailable": 0}}, "maxUnavailable 0 with 3 replicas never allows"),
+        ({"podDisruptionBudget": {"maxUnavailable": "0%"}}, "maxUnavailable 0% with 3 replicas never"),
+        (
+            {"podDisruptionBudget": {"minAvailable": 3, "maxUnavailable": ""}},
+            "minAvailable 3 with 3 replicas",
+        ),
+        ({"podDisruptionBudget": {"minAvailable": "100%", "maxUnavailable": ""}}, "minAvailable 100% with 3"),
+        (
+            {
+                "workload": {"replicaCount": 1},
+                "podDisruptionBudget": {"minAvailable": 1, "maxUnavailable": ""},
+            },
+            "minAvailable 1 with 1 replicas never allows",
+        ),
+        # only the leader is ready: anything that keeps one pod available keeps the leader forever
+        (
+            {"elector": {"gateOnLeadership": True}},
+            re.escape("maxUnavailable 1 (of 3 replicas) never allows evicting it"),
+        ),
+        (
+            {
+                "elector": {"gateOnLeadership": True},
+                "podDisruptionBudget": {"minAvailable": 1, "maxUnavailable": ""},
+            },
+            "only the leader is ready, so minAvailable 1",
+        ),
+        ({"elector": {"gateOnLeadership": True}, "podDisruptionBudget": {"maxUnavailable": "66%"}}, "66%"),
+        ({"podDisruptionBudget": {"maxUnavailable": ""}}, "set one of minAvailable and maxUnavailable"),
+    ],
+    ids=[
+        "max-0",
+        "max-0%",
+        "min-all",
+        "min-100%",
+        "one-replica",
+        "gated-default",
+        "gated-min-1",
+        "gated-66%",
+        "neither",
+    ],
+)
+def test_budgets_that_can_never_allow_an_eviction_are_refused(
+    render: Render, values: dict[str, Any], message: str
 ) -> None:
-    """The docs/helm.md example: a chart depending on elector adds the sidecar to its own Deployment."""
-    parent = tmp_path / "billing"
-    (parent / "templates").mkdir(parents=True)
-    shutil.copytree(chart_dir, parent / "charts" / "elector")
-    (parent / "Chart.yaml").write_text(
-        "apiVersion: v2\nname: billing\nversion: 1.0.0\nappVersion: '9.9.9'\n"
-        "dependencies:\n  - name: elector\n    version: 0.1.0\n"
+    with pytest.raises(HelmRenderError, match=message):
+        render(values)
+
+
+@pytest.mark.parametrize(
+    "budget",
+    [
+        {"maxUnavailable": "100%"},
+        {"maxUnavailable": 3},
+        {"maxUnavailable": "67%"},
+        {"minAvailable": 0, "maxUnavailable": ""},
+    ],
+    ids=["max-100%", "max-all", "max-67%", "min-0"],
+)
+def test_gated_readiness_with_a_budget_that_lets_the_leader_go(
+    render: Render, budget: dict[str, Any]
+) -> None:
+    docs = render({"elector": {"gateOnLeadership": True}, "podDisruptionBudget": budget})
+    pdb = find(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    # Kubernetes rounds percentages up; desired healthy pods must be 0, as only the leader is ready
+    replicas = 3
+    if "minAvailable" in pdb["spec"]:
+        desired = pdb["spec"]["minAvailable"]
+    else:
+        unavailable = pdb["spec"]["maxUnavailable"]
+        if isinstance(unavailable, str):
+            unavailable = math.ceil(int(unavailable.rstrip("%")) * replicas / 100)
+        desired = replicas - unavailable
+    assert desired <= 0
+    assert find(
+        render({"podDisruptionBudget": {"enabled": False}, "elector": {"gateOnLeadership": True}}),
+        "Deployment",
     )
-    (parent / "values.yaml").write_text(
-        "elector:\n  workload:\n    enabled: false\n  elector:\n    lock: billing-cron\n"
-        "    redis:\n      url: redis://redis.data:6379/0\n      existingSecret: redis-auth\n"
+
+
+def probe_window(probe: dict[str, Any]) -> int:
+    """Seconds from a leader's step-down to its readiness failing: every probe of the window fails."""
+    return int(probe["periodSeconds"] * probe["failureThreshold"])
+
+
+@pytest.mark.parametrize(
+    ("ttl", "period", "threshold"),
+    [
+        ("10s", 1, 3),
+        ("15s", 2, 2),
+        ("1m30s", 15, 2),
+        ("1m", 10, 2),
+        ("4s", 1, 1),
+        ("1.5s", 1, 1),
+        ("500ms", 1, 1),
+    ],
+)
+def test_readiness_timing_follows_the_ttl(render: Render, ttl: str, period: int, threshold: int) -> None:
+    """A leader that stepped down answers 503 on /leader; with gateOnLeadership it must leave the leader
+    Service within about ttl/3, not after the 5 s x 2 of a fixed probe (a whole 10 s ttl)."""
+    docs = render(
+        {"elector": {"ttl": ttl, "gateOnLeadership": True}, "podDisruptionBudget": {"enabled": False}}
     )
-    docs_md = (chart_dir.parents[1] / "docs" / "helm.md").read_text()
-    example = docs_md.split("```yaml\n# templates/deployment.yaml\n")[1].split("```")[0]
-    (parent / "templates" / "deployment.yaml").write_text(example)
-    docs = render_chart(Chart.load(parent), {})
-    deployment = find(docs, "Deployment", "billing")
-    pod = deployment["spec"]["template"]["spec"]
-    sidecar = next(c for c in pod["containers"] if c["name"] == "elector")
-    assert (
-        sidecar["image"] == "ghcr.io/elector-dev/elector:0.1.0"
-    )  # the elector chart's appVersion, not 9.9.9
-    env = env_of(sidecar)
-    assert env["ELECTOR_LOCK"] == "billing-cron"
-    assert env["ELECTOR_REDIS_URL"] == "redis://redis.data:6379/0"
-    assert env["ELECTOR_REDIS_PASSWORD_FILE"] == "/etc/elector/redis/password"
-    assert pod["volumes"][0]["secret"]["secretName"] == "redis-auth"
-    for kube_version in (OLDEST_KUBE, NEWEST_KUBE):
-        kubernetes_validate.validate(deployment, kube_version, strict=True)
+    probe = container(docs, "elector")["readinessProbe"]
+    assert probe["httpGet"]["path"] == "/leader"
+    assert (probe["periodSeconds"], probe["failureThreshold"]) == (period, threshold)
+    seconds = float(re.sub(r"[a-z]+", "", ttl)) if re.fullmatch(r"[0-9.]+s", ttl) else None
+    if seconds is None:
+        minutes, _, rest = ttl.partition("m")
+        seconds = 60 * float(minutes) + float(rest.rstrip("s") or 0)
+    assert probe_window(probe) <= max(1.0, seconds / 3)
+    assert probe["timeoutSeconds"] <= probe["periodSeconds"]
+    kubernetes_validate.validate(find(docs, "Deployment"), NEWEST_KUBE, strict=True)
+
+
+def test_explicit_readiness_timing_wins(render: Render) -> None:
+    timing = {"periodSeconds": 4, "failureThreshold": 5, "timeoutSeconds": 3, "initialDelaySeconds": 0}
+    probe = container(render({"elector": {"readinessProbe": timing}}), "elector")["readinessProbe"]
+    assert {k: probe.get(k, 0) for k in timing} == timing
+    only_period = container(render({"elector": {"readinessProbe": {"periodSeconds": 3}}}), "elector")
+    assert only_period["readinessProbe"]["failureThreshold"] == 1  # (10 s / 3) // 3 s, at least 1
+
+
+# --- extension points (problem 7) ------------------------------------------------------------------------
+
+
+def test_extension_points_reach_the_pod(render: Render, chart_dir: Path) -> None:
+    values = yaml.safe_load((chart_dir / "ci" / "extensions-values.yaml").read_text())
+    docs = render(values)
+    pod = find(docs, "Deployment")["spec"]["template"]
+    spec = pod["spec"]
+    app, sidecar = container(docs, "app"), container(docs, "elector")
+    # global.imageRegistry replaces the registry of both images
+    assert app["image"] == "registry.example.com/mirror/pause:3.9"
+    assert sidecar["image"] == "registry.example.com/mirror/elector-dev/elector:0.1.0"
+    # global.imagePullSecrets (a name), the elector image's pullSecrets ({name}), each once
+    assert spec["imagePullSecrets"] == [{"name": "mirror-pull"}, {"name": "ghcr"}]
+    assert [c["name"] for c in spec["initContainers"]] == ["wait-for-redis"]
+    assert {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}} in spec["volumes"]
+    assert app["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert {"name": "tmp", "mountPath": "/tmp"} in sidecar["volumeMounts"]
+    assert app["envFrom"] == [{"secretRef": {"name": "app-secrets"}}]
+    assert sidecar["envFrom"] == [{"configMapRef": {"name": "elector-settings"}}]
+    assert env_of(app)["MODE"] == "batch"
+    assert pod["metadata"]["labels"]["team"] == "billing"
+    assert pod["metadata"]["annotations"] == {"example.com/owner": "billing"}
+
+
+def test_pull_secrets_from_every_level_once(render: Render) -> None:
+    values = {
+        "global": {"imagePullSecrets": ["a", {"name": "b"}]},
+        "imagePullSecrets": [{"name": "b"}, {"name": "c"}],
+        "elector": {"image": {"pullSecrets": ["a", "d"]}},
+    }
+    spec = find(render(values), "Deployment")["spec"]["template"]["spec"]
+    assert spec["imagePullSecrets"] == [{"name": n} for n in "abdc"]
+    assert "imagePullSecrets" not in find(render({}), "Deployment")["spec"]["template"]["spec"]
+
+
+def test_every_extension_point_is_in_the_schema(chart: Chart) -> None:
+    schema = chart.schema
+    assert schema is not None
+    workload = schema["properties"]["workload"]["properties"]
+    sidecar = schema["properties"]["elector"]["properties"]
+    for key in (
+        "extraVolumes",
+        "extraVolumeMounts",
+        "envFrom",
+        "extraEnv",
+        "initContainers",
+        "podAnnotations",
+        "podLabels",
+    ):
+        assert key in workload, key
+    for key in ("extraVolumeMounts", "envFrom", "extraEnv"):
+        assert key in sidecar, key
+    assert {"imageRegistry", "imagePullSecrets"} <= set(schema["properties"]["global"]["properties"])
+    assert "pullSecrets" in sidecar["image"]["properties"] and "imagePullSecrets" in schema["properties"]
+    with pytest.raises(HelmValuesError, match="/workload/extraVolumes/0"):
+        chart.validate_schema({"workload": {"extraVolumes": [{"emptyDir": {}}]}})  # a Volume needs its name
+
+
+# --- the application's ELECTOR_LEADER_URL (problem 9b) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sidecar", "url", "address"),
+    [
+        ({}, "http://127.0.0.1:8080/leader", "0.0.0.0:8080"),
+        ({"port": 9090}, "http://127.0.0.1:9090/leader", "0.0.0.0:9090"),
+        ({"port": 9191, "bindAddress": "::"}, "http://[::1]:9191/leader", "[::]:9191"),
+    ],
+    ids=["default", "port", "ipv6"],
+)
+def test_the_leader_url_follows_the_sidecar(
+    render: Render, sidecar: dict[str, Any], url: str, address: str
+) -> None:
+    docs = render({"elector": sidecar})
+    elector = container(docs, "elector")
+    assert env_of(elector)["ELECTOR_HTTP_ADDRESS"] == address
+    assert env_of(container(docs, "app"))["ELECTOR_LEADER_URL"] == url
+    port = int(address.rpartition(":")[2])
+    assert elector["ports"] == [{"name": "elector-http", "containerPort": port, "protocol": "TCP"}]
+    metrics = find(docs, "Service", "demo-elector-metrics")
+    assert metrics["spec"]["ports"][0]["port"] == port
+
+
+def test_the_http_address_is_set_by_port_and_bind_address_only(chart: Chart, render: Render) -> None:
+    with pytest.raises(HelmValuesError, match=re.escape("set elector.port and elector.bindAddress")):
+        chart.validate_schema({"elector": {"extraEnv": [{"name": "ELECTOR_HTTP_ADDRESS", "value": ":9000"}]}})
+    with pytest.raises(HelmValuesError, match="/elector/bindAddress"):
+        chart.validate_schema({"elector": {"bindAddress": "127.0.0.1"}})  # the kubelet probes the pod's IP

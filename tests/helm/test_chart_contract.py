@@ -212,7 +212,11 @@ def test_rendered_sidecar_answers_its_probes(render: Render, redis_url: str, sta
 def test_gated_readiness_makes_only_the_leader_ready(
     render: Render, redis_url: str, start_sidecar: Any
 ) -> None:
-    container = sidecar(render({**OPTIONAL, "readiness": {"gateOnLeadership": True}}))
+    gated = {
+        "elector": {**OPTIONAL["elector"], "gateOnLeadership": True},
+        "podDisruptionBudget": {"enabled": False},
+    }
+    container = sidecar(render(gated))
     path = container["readinessProbe"]["httpGet"]["path"]
     lock = {e["name"]: e.get("value") for e in container["env"]}["ELECTOR_LOCK"]
     seed_used_lock(redis.Redis.from_url(redis_url), lock)
@@ -260,12 +264,18 @@ VALID = [
     {"podDisruptionBudget": {"minAvailable": "50%", "maxUnavailable": ""}},
     {"leaderService": {"targetPort": 9000}},
     {"workload": {"podAnnotations": {"a": "b"}, "affinity": {"podAntiAffinity": {}}}},
-    {"global": {"imageRegistry": "x"}},
+    {"global": {"imageRegistry": "x", "other-chart-key": True}},
     {"elector": {"redis": {"url": "redis+sentinel://s1:26379,s2:26379/mymaster/0"}}},
     {"elector": {"priority": -5, "leaderFile": "/run/elector/{lock}.json", "minReplicasAck": 2}},
     {"elector": {"replicasAckTimeout": "250ms", "redis": {"tls": {"existingSecret": "t", "caKey": ""}}}},
     {"leaderElection": {"enabled": True, "handoffWindowSeconds": 2.5}},
     {"leaderElection": {"enabled": "auto"}},
+    {"elector": {"redis": {"url": "redis://billing@redis.data:6379/0", "existingSecret": "redis-auth"}}},
+    {"elector": {"port": 9090, "bindAddress": "::", "envFrom": [{"configMapRef": {"name": "x"}}]}},
+    {"elector": {"readinessProbe": {"periodSeconds": 0, "failureThreshold": 0}}},
+    {"workload": {"extraVolumes": [{"name": "tmp", "emptyDir": {}}], "initContainers": [{"name": "init"}]}},
+    {"networkPolicy": {"egress": {"sentinelMasterPorts": [6379, 6380]}}},
+    {"podDisruptionBudget": {"unhealthyPodEvictionPolicy": "IfHealthyBudget"}},
 ]
 INVALID = [
     ({"replicaCount": 3}, "additional properties 'replicaCount'"),
@@ -277,14 +287,30 @@ INVALID = [
     ({"elector": {"logFormat": "text"}}, "/elector/logFormat"),
     ({"elector": {"redis": {"url": "localhost:6379"}}}, "/elector/redis/url"),
     ({"elector": {"redis": {"password": "hunter2"}}}, "additional properties 'password'"),
-    ({"readiness": {"gateOnLeadership": "yes"}}, "/readiness/gateOnLeadership"),
-    ({"sidecar": {"port": 70000}}, "/sidecar/port"),
-    ({"sidecar": {"livenessProbe": {"periodSeconds": 0}}}, "/sidecar/livenessProbe/periodSeconds"),
-    ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
-    ({"image": {"digest": "latest"}}, "/image/digest"),
+    ({"elector": {"gateOnLeadership": "yes"}}, "/elector/gateOnLeadership"),
+    ({"elector": {"port": 70000}}, "/elector/port"),
+    ({"elector": {"livenessProbe": {"periodSeconds": 0}}}, "/elector/livenessProbe/periodSeconds"),
+    ({"elector": {"readinessProbe": {"failureThreshold": -1}}}, "/elector/readinessProbe/failureThreshold"),
+    ({"elector": {"image": {"pullPolicy": "Sometimes"}}}, "/elector/image/pullPolicy"),
+    ({"elector": {"image": {"digest": "latest"}}}, "/elector/image/digest"),
+    # the sidecar's values moved under `elector:` (the library chart's values)
+    ({"sidecar": {"port": 9090}}, "additional properties 'sidecar'"),
+    ({"readiness": {"gateOnLeadership": True}}, "additional properties 'readiness'"),
+    ({"image": {"tag": "1.0"}}, "additional properties 'image'"),
+    ({"workload": {"env": []}}, "additional properties 'env'"),  # workload.extraEnv now
+    ({"elector": {"bindAddress": "10.0.0.1"}}, "/elector/bindAddress"),
+    ({"global": {"imagePullSecrets": [{"secret": "x"}]}}, "/global/imagePullSecrets/0"),
+    (
+        {"podDisruptionBudget": {"unhealthyPodEvictionPolicy": "Never"}},
+        "/podDisruptionBudget/unhealthyPodEvictionPolicy",
+    ),
+    (
+        {"networkPolicy": {"egress": {"sentinelMasterPorts": [0]}}},
+        "/networkPolicy/egress/sentinelMasterPorts/0",
+    ),
     ({"serviceMonitor": {"enabled": "true"}}, "/serviceMonitor/enabled"),
     ({"dashboard": {"labels": {"grafana_dashboard": 1}}}, "/dashboard/labels/grafana_dashboard"),
-    ({"operator": {"image": "x"}}, "additional properties 'image'"),
+    ({"operator": {"enabled": True}}, "additional properties 'operator'"),  # helm/elector-operator now
     ({"elector": {"priority": "high"}}, "/elector/priority"),
     ({"elector": {"priority": 2000000}}, "/elector/priority"),
     ({"elector": {"leaderFile": "leader.json"}}, "/elector/leaderFile"),
@@ -313,6 +339,29 @@ def test_schema_rejects(chart: Chart, values: dict[str, Any], message: str) -> N
         chart.validate_schema(values)
 
 
+PASSWORD_URLS = [
+    "redis://:hunter2@redis.data:6379/0",
+    "redis://billing:hunter2@redis.data:6379/0",
+    "rediss://billing:hunter2@[fd00::1]:6380",
+    "redis+sentinel://:hunter2@s1:26379,s2:26379/mymaster/0",
+    "rediss+sentinel://billing:hunter2@s1:26379,s2:26379/mymaster",
+]
+
+
+@pytest.mark.parametrize("url", PASSWORD_URLS)
+def test_schema_refuses_a_password_in_the_url(chart: Chart, url: str) -> None:
+    """A password in ELECTOR_REDIS_URL sits in a plain env var of the pod spec: the schema refuses it and
+    points to the Secret value, which mounts it as a file (ELECTOR_REDIS_PASSWORD_FILE)."""
+    with pytest.raises(HelmValuesError) as error:
+        chart.validate_schema({"elector": {"redis": {"url": url}}})
+    message = str(error.value)
+    assert "/elector/redis/url" in message and "elector.redis.existingSecret" in message
+    assert "hunter2" not in message  # the refusal does not print the password either
+    assert "existingSecret" in chart.values["elector"]["redis"]  # the option it points to exists
+    # a user name alone (an ACL user whose password comes from the Secret) is fine
+    chart.validate_schema({"elector": {"redis": {"url": url.replace(":hunter2@", "@").replace("//@", "//")}}})
+
+
 def test_every_value_is_in_the_schema_and_commented(chart_dir: Path, chart: Chart) -> None:
     schema = json.loads((chart_dir / "values.schema.json").read_text())
     chart.validate_schema({})  # the defaults pass
@@ -326,7 +375,8 @@ def test_every_value_is_in_the_schema_and_commented(chart_dir: Path, chart: Char
             if isinstance(value, dict) and child.get("properties"):
                 walk(value, child, f"{path}{key}.")
 
-    walk(chart.values, schema, "")
+    dependencies = {d["name"] for d in chart.dependencies}  # their keys are Helm's, not values.yaml's
+    walk({k: v for k, v in chart.values.items() if k not in dependencies}, schema, "")
     lines = (chart_dir / "values.yaml").read_text().splitlines()
     stack: list[tuple[int, str]] = []
     seen = set()

@@ -1,6 +1,7 @@
 {{/*
-Names, labels and small helpers. Every helper takes the chart's root context (`.`), or a subchart's
-context when the elector chart is a dependency of another chart.
+Names, labels and small helpers of the example chart. Every helper takes the chart's root context (`.`).
+The sidecar's templates are the elector-sidecar library's (a dependency of this chart): this chart
+passes them its `elector:` values explicitly, like any chart that includes the sidecar.
 */}}
 
 {{/* Chart name, or nameOverride. */}}
@@ -34,7 +35,7 @@ name). Truncated to 63 characters, the limit of DNS labels.
 {{- define "elector.labels" -}}
 helm.sh/chart: {{ include "elector.chart" . }}
 {{ include "elector.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | trunc 63 | trimSuffix "-" | quote }}
+app.kubernetes.io/version: {{ .Values.elector.image.tag | default .Chart.AppVersion | trunc 63 | trimSuffix "-" | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- with .Values.commonLabels }}
 {{ toYaml . }}
@@ -56,18 +57,26 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
-{{/* The elector image: repository@digest, else repository:tag (tag defaults to the appVersion). */}}
-{{- define "elector.image" -}}
-{{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
-{{- else }}
-{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
-{{- end }}
+{{/* The sidecar's merged and checked values (the library's defaults under `elector:`), as YAML. */}}
+{{- define "elector.sidecarValues" -}}
+{{- include "elector-sidecar.values" (dict "values" .Values.elector "context" .) }}
 {{- end }}
 
-{{/* The lock name: elector.lock, else the full name. */}}
+{{/*
+The lock name: elector.lock, else the full name: the elector-sidecar library's rule for the sidecar's
+ELECTOR_LOCK, kept here without the library so that the LeaderElection and NOTES need none.
+*/}}
 {{- define "elector.lock" -}}
 {{- default (include "elector.fullname" .) .Values.elector.lock }}
+{{- end }}
+
+{{/* The application image: [global.imageRegistry or registry/]repository:tag. */}}
+{{- define "elector.workloadImage" -}}
+{{- $image := .Values.workload.image }}
+{{- $registry := (.Values.global | default dict).imageRegistry | default $image.registry }}
+{{- $repository := $image.repository }}
+{{- if $registry }}{{ $repository = printf "%s/%s" (trimSuffix "/" $registry) $repository }}{{ end }}
+{{- printf "%s:%s" $repository (toString $image.tag) }}
 {{- end }}
 
 {{/* True when the monitoring.coreos.com/v1 API is served (or a monitoring object is forced). */}}
@@ -77,26 +86,76 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* Checks of value combinations the schema cannot express; called from the workload template. */}}
 {{- define "elector.validate" -}}
-{{- if and .Values.podDisruptionBudget.enabled (ne (toString .Values.podDisruptionBudget.minAvailable) "") (ne (toString .Values.podDisruptionBudget.maxUnavailable) "") }}
-{{- fail "podDisruptionBudget: set only one of minAvailable and maxUnavailable" }}
+{{- if .Values.workload.enabled }}
+{{- $sidecar := include "elector.sidecarValues" . | fromYaml }}
+{{- if lt (int .Values.workload.terminationGracePeriodSeconds) (add (int $sidecar.preStopSleepSeconds) (int ($sidecar.shutdownLingerSeconds | default 0)) 10 | int) }}
+{{- fail "workload.terminationGracePeriodSeconds must be at least elector.preStopSleepSeconds + elector.shutdownLingerSeconds + 10, so the leader drains its work, releases the lease and is scraped once more before it is killed" }}
 {{- end }}
-{{- if lt (int .Values.workload.terminationGracePeriodSeconds) (add (int .Values.sidecar.preStopSleepSeconds) (int (.Values.sidecar.shutdownLingerSeconds | default 0)) 10 | int) }}
-{{- fail "workload.terminationGracePeriodSeconds must be at least sidecar.preStopSleepSeconds + sidecar.shutdownLingerSeconds + 10, so the leader drains its work, releases the lease and is scraped once more before it is killed" }}
+{{- include "elector.pdb.validate" (dict "root" . "gate" $sidecar.gateOnLeadership) }}
 {{- end }}
 {{- end }}
 
 {{/*
-Operator: its Deployment, ServiceAccount and RBAC are under templates/operator/, rendered only with
-operator.enabled; the LeaderElection CRD is in crds/.
+The PodDisruptionBudget's checks. Kubernetes allows an eviction while (healthy pods - desired healthy) >= 1,
+where desired is minAvailable, or replicas - maxUnavailable (percentages of the replicas, rounded up). A
+budget whose desired count is at least the number of pods that can ever be ready at once never allows one:
+every node drain would block. Without gateOnLeadership that number is the replicas; with it, only the
+leader is ready, so desired must be 0 (unready followers are evicted through unhealthyPodEvictionPolicy).
+*/}}
+{{- define "elector.pdb.validate" -}}
+{{- $root := .root }}
+{{- $pdb := $root.Values.podDisruptionBudget }}
+{{- if $pdb.enabled }}
+{{- $min := toString $pdb.minAvailable }}
+{{- $max := toString $pdb.maxUnavailable }}
+{{- if and (ne $min "") (ne $max "") }}
+{{- fail "podDisruptionBudget: set only one of minAvailable and maxUnavailable" }}
+{{- end }}
+{{- if and (eq $min "") (eq $max "") }}
+{{- fail "podDisruptionBudget: set one of minAvailable and maxUnavailable (or enabled: false)" }}
+{{- end }}
+{{- $replicas := int $root.Values.workload.replicaCount }}
+{{- if gt $replicas 0 }}
+{{- $desired := 0 }}
+{{- if ne $min "" }}
+{{- $desired = include "elector.pdb.scaled" (dict "value" $min "replicas" $replicas) | int }}
+{{- else }}
+{{- $desired = sub $replicas (include "elector.pdb.scaled" (dict "value" $max "replicas" $replicas) | int) | int }}
+{{- end }}
+{{- $setting := ternary (printf "minAvailable %s" $min) (printf "maxUnavailable %s" $max) (ne $min "") }}
+{{- if eq (toString .gate) "true" }}
+{{- if gt $desired 0 }}
+{{- fail (printf "podDisruptionBudget: with elector.gateOnLeadership only the leader is ready, so %s (of %d replicas) never allows evicting it and a drain of its node would block; set podDisruptionBudget.minAvailable: 0 (and maxUnavailable empty) or maxUnavailable: 100%%, or podDisruptionBudget.enabled: false (unready followers stay evictable through unhealthyPodEvictionPolicy AlwaysAllow)" $setting $replicas) }}
+{{- end }}
+{{- else if ge $desired $replicas }}
+{{- fail (printf "podDisruptionBudget: %s with %d replicas never allows an eviction, so every node drain would block; allow one pod at least (e.g. maxUnavailable: 1), or podDisruptionBudget.enabled: false" $setting $replicas) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* An int-or-percent of a PDB scaled to the replicas, rounded up as Kubernetes does. */}}
+{{- define "elector.pdb.scaled" -}}
+{{- $value := toString .value }}
+{{- if hasSuffix "%" $value }}
+{{- ceil (divf (mulf (float64 (trimSuffix "%" $value)) .replicas) 100) | int }}
+{{- else }}
+{{- int $value }}
+{{- end }}
+{{- end }}
+
+{{/*
+Operator: its Deployment, RBAC and the LeaderElection CRD are the elector-operator chart's
+(helm/elector-operator); this chart renders only the example workload's LeaderElection.
 */}}
 
 {{/*
 "true" when the LeaderElection for the example workload renders: leaderElection.enabled true, or auto with
-this release's operator (Helm values cannot default on each other; a template can).
+the LeaderElection API served (the elector-operator chart's CRD is installed).
 */}}
 {{- define "elector.leaderElection.enabled" -}}
 {{- $mode := toString .Values.leaderElection.enabled }}
-{{- if and .Values.workload.enabled (or (eq $mode "true") (and (eq $mode "auto") .Values.operator.enabled)) }}true{{ end }}
+{{- if and .Values.workload.enabled (or (eq $mode "true") (and (eq $mode "auto") (.Capabilities.APIVersions.Has "elector.io/v1alpha1"))) }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -112,8 +171,5 @@ Messages name the setting and never print the URL, which may hold a password.
 {{- end }}
 {{- if contains "@" $authority }}
 {{- fail "leaderElection: elector.redis.url holds credentials, which the LeaderElection refuses (anyone who may read it would see them); put the password in the Secret elector.redis.existingSecret" }}
-{{- end }}
-{{- if and .Values.operator.enabled (not .Values.operator.clusterWide) .Values.operator.namespaces (not (has .Release.Namespace .Values.operator.namespaces)) (ne (toString .Values.leaderElection.enabled) "true") }}
-{{- fail (printf "leaderElection: operator.namespaces does not include the release namespace %s, so this release's operator would never see its LeaderElection; add it, or set leaderElection.enabled=false" .Release.Namespace) }}
 {{- end }}
 {{- end }}

@@ -1,0 +1,194 @@
+{{/*
+elector-sidecar.container: the sidecar, one item of a pod's `containers` list.
+
+  containers:
+    - name: app
+      ...
+    {{- include "elector-sidecar.container" (dict "values" .Values.leader "context" $) | nindent 4 }}
+
+One container named "elector" with the port "elector-http", liveness GET /healthz, readiness GET /readyz
+(or /leader with gateOnLeadership) timed from the ttl, POD_NAME from the downward API (the daemon's
+identity), the ELECTOR_* environment, resources, a restricted security context and the mounts of
+elector-sidecar.volumes (render those in the pod's `volumes`).
+*/}}
+{{- define "elector-sidecar.container" -}}
+{{- $v := include "elector-sidecar.values" . | fromYaml -}}
+- name: elector
+  image: {{ include "elector-sidecar.image" . | quote }}
+  imagePullPolicy: {{ $v.image.pullPolicy }}
+  args: ["run"]
+  env:
+    {{- include "elector-sidecar.env" . | nindent 4 }}
+  {{- with $v.envFrom }}
+  envFrom:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  ports:
+    - name: elector-http
+      containerPort: {{ int $v.port }}
+      protocol: TCP
+  livenessProbe:
+    {{- include "elector-sidecar.livenessProbe" . | nindent 4 }}
+  readinessProbe:
+    {{- include "elector-sidecar.readinessProbe" . | nindent 4 }}
+  {{- if gt (int $v.preStopSleepSeconds) 0 }}
+  lifecycle:
+    preStop:
+      exec:
+        command: ["sleep", {{ int $v.preStopSleepSeconds | toString | quote }}]
+  {{- end }}
+  resources:
+    {{- toYaml $v.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml $v.securityContext | nindent 4 }}
+  {{- with include "elector-sidecar.volumeMounts" . | trim }}
+  volumeMounts:
+    {{- . | nindent 4 }}
+  {{- end }}
+{{- end }}
+
+{{/* elector-sidecar.env: the sidecar's `env` items. */}}
+{{- define "elector-sidecar.env" -}}
+{{- $v := include "elector-sidecar.values" . | fromYaml }}
+{{- $tls := $v.redis.tls | default dict -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: ELECTOR_REDIS_URL
+  value: {{ $v.redis.url | quote }}
+- name: ELECTOR_LOCK
+  value: {{ include "elector-sidecar.lock" . | quote }}
+- name: ELECTOR_TTL
+  value: {{ $v.ttl | quote }}
+- name: ELECTOR_HTTP_ADDRESS
+  value: {{ include "elector-sidecar.httpAddress" . | quote }}
+- name: ELECTOR_LOG_FORMAT
+  value: {{ $v.logFormat | quote }}
+- name: ELECTOR_LOG_LEVEL
+  value: {{ $v.logLevel | quote }}
+{{- with $v.renewInterval }}
+- name: ELECTOR_RENEW_INTERVAL
+  value: {{ . | quote }}
+{{- end }}
+{{- with $v.renewDeadline }}
+- name: ELECTOR_RENEW_DEADLINE
+  value: {{ . | quote }}
+{{- end }}
+{{- with $v.requestTimeout }}
+- name: ELECTOR_REQUEST_TIMEOUT
+  value: {{ . | quote }}
+{{- end }}
+{{- if $v.redis.existingSecret }}
+- name: ELECTOR_REDIS_PASSWORD_FILE
+  value: /etc/elector/redis/password
+{{- end }}
+{{- if $tls.existingSecret }}
+{{- if $tls.caKey }}
+- name: ELECTOR_REDIS_TLS_CA
+  value: /etc/elector/redis-tls/ca.crt
+{{- end }}
+{{- if $tls.certKey }}
+- name: ELECTOR_REDIS_TLS_CERT
+  value: /etc/elector/redis-tls/tls.crt
+- name: ELECTOR_REDIS_TLS_KEY
+  value: /etc/elector/redis-tls/tls.key
+{{- end }}
+{{- end }}
+{{- if ne (int ($v.priority | default 0)) 0 }}
+- name: ELECTOR_PRIORITY
+  value: {{ int $v.priority | toString | quote }}
+{{- end }}
+{{- with $v.leaderFile }}
+- name: ELECTOR_LEADER_FILE
+  value: {{ . | quote }}
+{{- end }}
+{{- if gt (int ($v.shutdownLingerSeconds | default 0)) 0 }}
+- name: ELECTOR_SHUTDOWN_LINGER
+  value: {{ printf "%ds" (int $v.shutdownLingerSeconds) | quote }}
+{{- end }}
+{{- if gt (int ($v.minReplicasAck | default 0)) 0 }}
+- name: ELECTOR_MIN_REPLICAS_ACK
+  value: {{ int $v.minReplicasAck | toString | quote }}
+{{- end }}
+{{- with $v.replicasAckTimeout }}
+- name: ELECTOR_REPLICAS_ACK_TIMEOUT
+  value: {{ . | quote }}
+{{- end }}
+{{- with $v.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* ELECTOR_HTTP_ADDRESS: <bindAddress>:<port>, [::]:<port> for IPv6. */}}
+{{- define "elector-sidecar.httpAddress" -}}
+{{- $v := include "elector-sidecar.values" . | fromYaml }}
+{{- if contains ":" $v.bindAddress }}
+{{- printf "[%s]:%d" $v.bindAddress (int $v.port) }}
+{{- else }}
+{{- printf "%s:%d" $v.bindAddress (int $v.port) }}
+{{- end }}
+{{- end }}
+
+{{/* elector-sidecar.livenessProbe: GET /healthz on elector-http, with livenessProbe's timing. */}}
+{{- define "elector-sidecar.livenessProbe" -}}
+{{- $v := include "elector-sidecar.values" . | fromYaml -}}
+httpGet:
+  path: /healthz
+  port: elector-http
+{{- range $key := list "initialDelaySeconds" "periodSeconds" "timeoutSeconds" "failureThreshold" }}
+{{- with index $v.livenessProbe $key }}
+{{ $key }}: {{ int . }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+elector-sidecar.readinessProbe: GET /readyz, or /leader with gateOnLeadership. periodSeconds and
+failureThreshold left at 0 are derived from the ttl: a leader that stepped down (GET /leader answers 503)
+turns unready within ttl/3, at least one 1-second probe.
+*/}}
+{{- define "elector-sidecar.readinessProbe" -}}
+{{- $v := include "elector-sidecar.values" . | fromYaml }}
+{{- $probe := $v.readinessProbe | default dict }}
+{{- $budgetMs := div (include "elector-sidecar.durationMs" $v.ttl | int) 3 }}
+{{- $period := int ($probe.periodSeconds | default 0) }}
+{{- if le $period 0 }}{{ $period = max 1 (div $budgetMs 2000) | int }}{{ end }}
+{{- $threshold := int ($probe.failureThreshold | default 0) }}
+{{- if le $threshold 0 }}{{ $threshold = max 1 (div $budgetMs (mul $period 1000)) | int }}{{ end -}}
+httpGet:
+  path: {{ ternary "/leader" "/readyz" (eq (toString $v.gateOnLeadership) "true") }}
+  port: elector-http
+{{- with $probe.initialDelaySeconds }}
+initialDelaySeconds: {{ int . }}
+{{- end }}
+periodSeconds: {{ $period }}
+{{- with $probe.timeoutSeconds }}
+timeoutSeconds: {{ int . }}
+{{- end }}
+failureThreshold: {{ $threshold }}
+{{- end }}
+
+{{/* The sidecar's volumeMounts items (nothing when it mounts nothing). */}}
+{{- define "elector-sidecar.volumeMounts" -}}
+{{- $v := include "elector-sidecar.values" . | fromYaml }}
+{{- $tls := $v.redis.tls | default dict }}
+{{- if $v.redis.existingSecret }}
+- name: elector-redis-password
+  mountPath: /etc/elector/redis
+  readOnly: true
+{{- end }}
+{{- if $tls.existingSecret }}
+- name: elector-redis-tls
+  mountPath: /etc/elector/redis-tls
+  readOnly: true
+{{- end }}
+{{- with $v.leaderFile }}
+# the sidecar writes the file (write-then-rename in this directory); the app container reads it
+- name: elector-leader
+  mountPath: {{ dir . | quote }}
+{{- end }}
+{{- with $v.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}

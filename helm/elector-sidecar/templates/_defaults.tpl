@@ -1,0 +1,131 @@
+{{/*
+elector-sidecar.defaults: the defaults of the sidecar's values, merged under the values each template is
+given (a given key wins, also when it is "", 0 or false; maps merge key by key; lists are replaced).
+This is the reference of every key; helm/elector's values.yaml documents the same keys under `elector:`
+(tests/helm/test_parent_chart.py keeps the two equal).
+*/}}
+{{- define "elector-sidecar.defaults" -}}
+# The elector image. global.imageRegistry, when set, replaces `registry`.
+image:
+  # Registry of the image (empty: `repository` is used as is).
+  registry: ghcr.io
+  # Repository inside the registry.
+  repository: elector-dev/elector
+  # Tag. Empty: the library's appVersion.
+  tag: ""
+  # Digest (sha256:...). When set it pins the image and wins over the tag.
+  digest: ""
+  # Pull policy.
+  pullPolicy: IfNotPresent
+  # Pull secrets (names, or {name: ...}) that elector-sidecar.imagePullSecrets adds to global.imagePullSecrets.
+  pullSecrets: []
+# Name of the lock the replicas compete for (ELECTOR_LOCK). Empty: "<release>-<chart name>" of the including
+# chart (its fullnameOverride / nameOverride when set), the usual full name.
+lock: ""
+# The Redis server holding the lock.
+redis:
+  # ELECTOR_REDIS_URL: redis://host:port/db, rediss:// for TLS, unix:///path, or
+  # redis+sentinel://s1:26379,s2:26379/MASTER[/db] (rediss+sentinel:// for TLS). No password in it (it would
+  # sit in a plain env var; the render fails): use existingSecret. A user name alone (redis://user@host) is fine.
+  url: redis://redis:6379/0
+  # Existing Secret holding the Redis password, mounted read-only at /etc/elector/redis and passed as
+  # ELECTOR_REDIS_PASSWORD_FILE. Empty: no password.
+  existingSecret: ""
+  # Key of the password inside existingSecret.
+  existingSecretPasswordKey: password
+  # TLS files of a rediss:// or rediss+sentinel:// URL from an existing Secret, mounted read-only at
+  # /etc/elector/redis-tls (a cert-manager Certificate's Secret has exactly these keys).
+  tls:
+    # Name of the Secret. Empty: no files (the server is checked against the image's CAs).
+    existingSecret: ""
+    # Key of the CA bundle (ELECTOR_REDIS_TLS_CA). Empty: the image's CAs.
+    caKey: ca.crt
+    # Key of the client certificate (ELECTOR_REDIS_TLS_CERT). Empty together with keyKey: no client certificate.
+    certKey: tls.crt
+    # Key of its private key (ELECTOR_REDIS_TLS_KEY).
+    keyKey: tls.key
+# Lease time to live (ELECTOR_TTL). The readiness probe's default timing is derived from it.
+ttl: 10s
+# ELECTOR_RENEW_INTERVAL. Empty: the daemon's default (0.3 x ttl).
+renewInterval: ""
+# ELECTOR_RENEW_DEADLINE. Empty: the daemon's default (2/3 of the ttl).
+renewDeadline: ""
+# ELECTOR_REQUEST_TIMEOUT. Empty: the daemon's default.
+requestTimeout: ""
+# ELECTOR_LOG_LEVEL: debug, info, warning or error.
+logLevel: info
+# ELECTOR_LOG_FORMAT: json, console or auto.
+logFormat: json
+# ELECTOR_PRIORITY (preferred leaders). 0: not passed.
+priority: 0
+# ELECTOR_LEADER_FILE: an absolute path whose directory becomes the emptyDir volume "elector-leader".
+# Empty: no file.
+leaderFile: ""
+# ELECTOR_MIN_REPLICAS_ACK (WAIT for Redis replicas). 0: not passed.
+minReplicasAck: 0
+# ELECTOR_REPLICAS_ACK_TIMEOUT, only with minReplicasAck >= 1. Empty: the daemon's default.
+replicasAckTimeout: ""
+# Readiness: false, GET /readyz (ready while the sidecar reaches Redis, whatever its role); true, GET /leader
+# (only the leader is ready: a Service over the pods reaches the leader alone, but followers count as
+# unavailable for rollouts and PodDisruptionBudgets).
+gateOnLeadership: false
+# Port of the sidecar's HTTP endpoint (/healthz, /readyz, /leader, /metrics), named "elector-http".
+port: 8080
+# Address the endpoint listens on: 0.0.0.0 (IPv4) or :: (IPv6 clusters). ELECTOR_HTTP_ADDRESS is
+# <bindAddress>:<port>, and elector-sidecar.appEnv's ELECTOR_LEADER_URL follows both.
+bindAddress: 0.0.0.0
+# Resources of the sidecar container.
+resources:
+  requests:
+    cpu: 10m
+    memory: 48Mi
+  limits:
+    memory: 128Mi
+# Security context of the sidecar container (Pod Security Standard "restricted").
+securityContext:
+  runAsNonRoot: true
+  runAsUser: 10001
+  runAsGroup: 10001
+  allowPrivilegeEscalation: false
+  readOnlyRootFilesystem: true
+  capabilities:
+    drop: ["ALL"]
+  seccompProfile:
+    type: RuntimeDefault
+# Liveness probe timing (GET /healthz, which fails only when the election loop is stuck).
+livenessProbe:
+  initialDelaySeconds: 5
+  periodSeconds: 10
+  timeoutSeconds: 2
+  failureThreshold: 3
+# Readiness probe timing (GET /readyz, or /leader with gateOnLeadership). periodSeconds and failureThreshold
+# 0: derived from the ttl, so that a leader that stepped down turns unready within ttl/3 (at least 1 s):
+# period max(1, ttl/6 s), threshold max(1, (ttl/3) / period).
+readinessProbe:
+  initialDelaySeconds: 1
+  periodSeconds: 0
+  timeoutSeconds: 1
+  failureThreshold: 0
+# Seconds of the preStop `sleep` before the sidecar gets SIGTERM and releases the lease (the application
+# stops its leader work meanwhile). 0: no hook.
+preStopSleepSeconds: 5
+# ELECTOR_SHUTDOWN_LINGER: seconds /metrics stays up after the release at shutdown. 0: not passed.
+shutdownLingerSeconds: 0
+# More environment variables of the sidecar (list of EnvVar); ELECTOR_HTTP_ADDRESS is refused (set port and
+# bindAddress instead).
+extraEnv: []
+# envFrom of the sidecar (list of EnvFromSource: ConfigMaps or Secrets of ELECTOR_* settings).
+envFrom: []
+# More volumeMounts of the sidecar (their volumes are the pod's: add them next to elector-sidecar.volumes).
+extraVolumeMounts: []
+{{- end }}
+
+{{/* The library's appVersion: the image tag when image.tag is empty (a test keeps it equal to Chart.yaml). */}}
+{{- define "elector-sidecar.appVersion" -}}
+0.1.0
+{{- end }}
+
+{{/* Keys of the defaults whose values are free-form Kubernetes objects (not checked for unknown keys). */}}
+{{- define "elector-sidecar.freeFormKeys" -}}
+resources securityContext
+{{- end }}

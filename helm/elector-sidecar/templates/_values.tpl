@@ -1,0 +1,189 @@
+{{/*
+How every template of this library is called: with a dict
+
+  values     the sidecar's values (any key of the including chart, e.g. .Values.leader); merged over
+             elector-sidecar.defaults, so an empty dict or a missing key is fine
+  context    the including chart's root context `$` (release, chart name, Capabilities, global values)
+  overrides  optional: values merged over `values` for this one include (e.g. dict "priority" 10 for the
+             preferred one of two Deployments on one lock)
+
+Messages of `fail` name the setting as "elector-sidecar: <key>" and never print the Redis URL.
+*/}}
+
+{{/*
+elector-sidecar.values: the merged, checked values as YAML (`include ... | fromYaml`). Other templates of the
+library and the including chart read settings through it (port, redis.url, gateOnLeadership...).
+*/}}
+{{- define "elector-sidecar.values" -}}
+{{- if not (kindIs "map" .) }}
+{{- fail "elector-sidecar: call the templates with a dict: (dict \"values\" .Values.<key> \"context\" $)" }}
+{{- end }}
+{{- if not .context }}
+{{- fail "elector-sidecar: the dict needs \"context\" (the root context $)" }}
+{{- end }}
+{{- $defaults := include "elector-sidecar.defaults" . | fromYaml }}
+{{- $merged := include "elector-sidecar.defaults" . | fromYaml }}
+{{- range $given := list (.values | default dict) (.overrides | default dict) }}
+{{- if not (kindIs "map" $given) }}
+{{- fail "elector-sidecar: values and overrides must be maps" }}
+{{- end }}
+{{- include "elector-sidecar.checkKeys" (dict "given" $given "known" $defaults "path" "") }}
+{{- include "elector-sidecar.mergeInto" (dict "base" $merged "over" $given) }}
+{{- end }}
+{{- $_ := unset $merged "global" }}
+{{- include "elector-sidecar.validate" $merged }}
+{{- toYaml $merged }}
+{{- end }}
+
+{{/* Merges .over into .base in place: maps key by key, anything else (lists, "", 0, false) replaces. */}}
+{{- define "elector-sidecar.mergeInto" -}}
+{{- $base := .base }}
+{{- range $key, $value := .over }}
+{{- $current := index $base $key }}
+{{- if and (kindIs "map" $value) (kindIs "map" $current) }}
+{{- include "elector-sidecar.mergeInto" (dict "base" $current "over" $value) }}
+{{- else if kindIs "invalid" $value }}
+{{- $_ := unset $base $key }}
+{{- else }}
+{{- $_ := set $base $key (deepCopy $value) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Fails on keys the defaults do not have (a typo would otherwise be ignored); `global` is Helm's. */}}
+{{- define "elector-sidecar.checkKeys" -}}
+{{- $known := .known }}
+{{- $path := .path }}
+{{- $freeForm := include "elector-sidecar.freeFormKeys" . | splitList " " }}
+{{- range $key, $value := .given }}
+{{- if and (not (hasKey $known $key)) (not (and (eq $path "") (eq $key "global"))) }}
+{{- fail (printf "elector-sidecar: unknown value %s%s (the keys are those of elector-sidecar.defaults: %s)" $path $key (keys $known | sortAlpha | join ", ")) }}
+{{- end }}
+{{- $default := index $known $key }}
+{{- if and (kindIs "map" $default) (kindIs "map" $value) (not (and (eq $path "") (has $key $freeForm))) }}
+{{- include "elector-sidecar.checkKeys" (dict "given" $value "known" $default "path" (printf "%s%s." $path $key)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Checks of the merged values (the including chart may have no schema for them). */}}
+{{- define "elector-sidecar.validate" -}}
+{{- $v := . }}
+{{- $duration := "^([0-9]+(\\.[0-9]+)?(ms|s|m|h))+$" }}
+{{- $url := toString $v.redis.url }}
+{{- $scheme := include "elector-sidecar.redisScheme" $url }}
+{{- if not (has $scheme (list "redis" "rediss" "unix" "redis+sentinel" "rediss+sentinel")) }}
+{{- fail "elector-sidecar: redis.url must start with redis://, rediss://, unix://, redis+sentinel:// or rediss+sentinel://" }}
+{{- end }}
+{{- if ne $scheme "unix" }}
+{{- $authority := include "elector-sidecar.redisAuthority" $url }}
+{{- if and (contains "@" $authority) (contains ":" (splitList "@" $authority | initial | join "@")) }}
+{{- fail "elector-sidecar: redis.url holds a password, which would sit in a plain environment variable; put the password in a Secret and name it in redis.existingSecret (key redis.existingSecretPasswordKey)" }}
+{{- end }}
+{{- end }}
+{{- if not (regexMatch $duration (toString $v.ttl)) }}
+{{- fail "elector-sidecar: ttl must be a duration such as 10s, 1m30s or 500ms" }}
+{{- end }}
+{{- if le (include "elector-sidecar.durationMs" $v.ttl | int) 0 }}
+{{- fail "elector-sidecar: ttl must be more than 0" }}
+{{- end }}
+{{- range $key := list "renewInterval" "renewDeadline" "requestTimeout" "replicasAckTimeout" }}
+{{- $value := toString (index $v $key | default "") }}
+{{- if and $value (not (regexMatch $duration $value)) }}
+{{- fail (printf "elector-sidecar: %s must be empty or a duration such as 2s or 300ms" $key) }}
+{{- end }}
+{{- end }}
+{{- if not (has (toString $v.bindAddress) (list "0.0.0.0" "::")) }}
+{{- fail "elector-sidecar: bindAddress must be 0.0.0.0 or :: (the kubelet probes and Prometheus reach the pod's IP)" }}
+{{- end }}
+{{- if or (lt (int $v.port) 1) (gt (int $v.port) 65535) }}
+{{- fail "elector-sidecar: port must be 1..65535" }}
+{{- end }}
+{{- $tls := $v.redis.tls | default dict }}
+{{- if $tls.existingSecret }}
+{{- if not (has $scheme (list "rediss" "rediss+sentinel")) }}
+{{- fail (printf "elector-sidecar: redis.tls.existingSecret needs a rediss:// or rediss+sentinel:// redis.url (got a %s:// URL)" $scheme) }}
+{{- end }}
+{{- if ne (empty $tls.certKey) (empty $tls.keyKey) }}
+{{- fail "elector-sidecar: redis.tls: set certKey and keyKey together (a client certificate needs its key), or both empty" }}
+{{- end }}
+{{- if and (empty $tls.caKey) (empty $tls.certKey) }}
+{{- fail "elector-sidecar: redis.tls.existingSecret is set but caKey, certKey and keyKey are all empty: nothing to mount" }}
+{{- end }}
+{{- end }}
+{{- if and $v.replicasAckTimeout (lt (int ($v.minReplicasAck | default 0)) 1) }}
+{{- fail "elector-sidecar: replicasAckTimeout only applies with minReplicasAck 1 or more (the daemon refuses it otherwise)" }}
+{{- end }}
+{{- with $v.leaderFile }}
+{{- if not (regexMatch "^(/[A-Za-z0-9._-]+)+/[A-Za-z0-9._{}-]+$" .) }}
+{{- fail "elector-sidecar: leaderFile must be an absolute path below a directory, e.g. /var/run/elector/leader.json" }}
+{{- end }}
+{{- if has (dir .) (list "/etc/elector/redis" "/etc/elector/redis-tls") }}
+{{- fail (printf "elector-sidecar: leaderFile %s: its directory is where the sidecar mounts a Secret; pick another, e.g. /var/run/elector/leader.json" .) }}
+{{- end }}
+{{- end }}
+{{- range $v.extraEnv | default list }}
+{{- if eq (toString .name) "ELECTOR_HTTP_ADDRESS" }}
+{{- fail "elector-sidecar: extraEnv must not set ELECTOR_HTTP_ADDRESS: set port and bindAddress, which the probes, the port and ELECTOR_LEADER_URL follow" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The scheme of a Redis URL, lower case ("" without "://"). */}}
+{{- define "elector-sidecar.redisScheme" -}}
+{{- if contains "://" . }}{{ splitList "://" . | first | lower }}{{ end }}
+{{- end }}
+
+{{/* The authority of a Redis URL: what lies between "://" and the next "/". */}}
+{{- define "elector-sidecar.redisAuthority" -}}
+{{- $rest := splitList "://" . | rest | join "://" }}
+{{- splitList "/" $rest | first }}
+{{- end }}
+
+{{/* A Go duration ("10s", "1m30s", "500ms", "1.5s") in whole milliseconds. */}}
+{{- define "elector-sidecar.durationMs" -}}
+{{- $total := 0.0 }}
+{{- $factor := dict "ms" 1.0 "s" 1000.0 "m" 60000.0 "h" 3600000.0 }}
+{{- range regexFindAll "[0-9]+(\\.[0-9]+)?(ms|s|m|h)" (toString .) -1 }}
+{{- $unit := regexFind "(ms|s|m|h)$" . }}
+{{- $total = addf $total (mulf (float64 (trimSuffix $unit .)) (get $factor $unit)) }}
+{{- end }}
+{{- $total | floor | int }}
+{{- end }}
+
+{{/* The lock: values.lock, else the including chart's usual full name. Takes the include dict. */}}
+{{- define "elector-sidecar.lock" -}}
+{{- $v := include "elector-sidecar.values" . | fromYaml }}
+{{- if $v.lock }}
+{{- $v.lock }}
+{{- else }}
+{{- $ctx := .context }}
+{{- if $ctx.Values.fullnameOverride }}
+{{- $ctx.Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default $ctx.Chart.Name $ctx.Values.nameOverride }}
+{{- if contains $name $ctx.Release.Name }}
+{{- $ctx.Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" $ctx.Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+elector-sidecar.image: the image reference: [registry/]repository then @digest, else :tag (default: the
+library's appVersion). global.imageRegistry of the including chart replaces image.registry.
+*/}}
+{{- define "elector-sidecar.image" -}}
+{{- $v := include "elector-sidecar.values" . | fromYaml }}
+{{- $global := .context.Values.global | default dict }}
+{{- $registry := $global.imageRegistry | default $v.image.registry }}
+{{- $repository := $v.image.repository }}
+{{- if $registry }}{{ $repository = printf "%s/%s" (trimSuffix "/" $registry) $repository }}{{ end }}
+{{- if $v.image.digest }}
+{{- printf "%s@%s" $repository $v.image.digest }}
+{{- else }}
+{{- printf "%s:%s" $repository ($v.image.tag | default (include "elector-sidecar.appVersion" .)) }}
+{{- end }}
+{{- end }}
