@@ -1,12 +1,12 @@
-"""The chart's turnkey leader-only Service (a LeaderElection for the example workload) and the sidecar values
-for priority, leader file, WAIT for replicas and Redis TLS, rendered by the real Helm engine."""
+"""The elector chart's LeaderElection for its example workload, against the elector-operator chart that acts
+on it (helm/elector-operator), and the sidecar values for priority, leader file, WAIT for replicas and Redis
+TLS, rendered by the real Helm engine."""
 
 from __future__ import annotations
 
 import copy
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -22,14 +22,18 @@ from helm_python.chart import Chart
 from helm_python.errors import HelmError, HelmRenderError
 
 from elector.kube.operator import resource
+from tests.helm.operator_support import is_hook, render_operator
 
-Render = Callable[[dict[str, Any]], list[dict[str, Any]]]
+Render = Callable[..., list[dict[str, Any]]]
+Notes = Callable[..., str]
 Validate = Callable[[dict[str, Any]], None]
 NAMESPACE = "apps"  # the namespace the conftest fixtures render into
 KUBE_VERSIONS = ["1.27.0", kubernetes_validate.utils.latest_version()]
-OPERATOR = {"operator": {"enabled": True}}
+#: A cluster where the elector-operator chart installed the LeaderElection CRD.
+WITH_CRD = {"api_versions": ["elector.io/v1alpha1"]}
+FORCED = {"leaderElection": {"enabled": True}}
 WITH_SECRET = {
-    **OPERATOR,
+    **FORCED,
     "elector": {
         "lock": "nightly",
         "redis": {"url": "redis://redis.data:6379/2", "existingSecret": "redis-auth"},
@@ -66,26 +70,32 @@ def env_of(c: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
 
 
-def notes(chart: Chart, values: dict[str, Any]) -> str:
-    return str(chart.render(values, name="demo", namespace=NAMESPACE)["elector/templates/NOTES.txt"])
-
-
 # --- when the LeaderElection renders -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("values", "rendered"),
+    ("values", "capabilities", "rendered"),
     [
-        ({}, False),  # auto, no operator: nothing would act on it
-        (OPERATOR, True),  # auto + this release's operator: the turnkey case, one --set
-        ({"leaderElection": {"enabled": True}}, True),  # an operator from another release
-        ({**OPERATOR, "leaderElection": {"enabled": False}}, False),
-        ({**OPERATOR, "workload": {"enabled": False}}, False),  # no workload, nothing to select
+        ({}, {}, False),  # auto, and no LeaderElection API: nothing would act on it
+        ({}, WITH_CRD, True),  # auto + the operator chart's CRD: no flag needed
+        (FORCED, {}, True),  # `helm template`, or the CRD installed in the same step
+        ({"leaderElection": {"enabled": False}}, WITH_CRD, False),
+        ({"workload": {"enabled": False}}, WITH_CRD, False),  # no workload, nothing to select
     ],
-    ids=["default", "operator", "forced", "off", "no-workload"],
+    ids=["default", "crd-installed", "forced", "off", "no-workload"],
 )
-def test_when_the_leader_election_renders(render: Render, values: dict[str, Any], rendered: bool) -> None:
-    assert len(of_kind(render(values), "LeaderElection")) == int(rendered)
+def test_when_the_leader_election_renders(
+    render: Render, values: dict[str, Any], capabilities: dict[str, Any], rendered: bool
+) -> None:
+    assert len(of_kind(render(values, **capabilities), "LeaderElection")) == int(rendered)
+
+
+def test_the_elector_chart_renders_no_operator_and_no_crd(render: Render, chart_dir: Path) -> None:
+    """The operator and its CRD are the elector-operator chart's (problem 2: no CRD rights for app teams)."""
+    docs = render(WITH_SECRET, **WITH_CRD)
+    assert not of_kind(docs, "CustomResourceDefinition")
+    assert not [d for d in docs if d["kind"] in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")]
+    assert not (chart_dir / "crds").exists() and not (chart_dir / "templates" / "operator").exists()
 
 
 # --- what it says ----------------------------------------------------------------------------------------
@@ -106,14 +116,12 @@ def test_leader_election_matches_the_sidecar_and_the_leader_service(
         "url": sidecar_env["ELECTOR_REDIS_URL"],
         "passwordSecretRef": {"name": "redis-auth", "key": "password"},  # the sidecar's Secret, by reference
     }
-    # the candidates are exactly the workload's pods ...
+    # the candidates are exactly the workload's pods, not the operator's (same release name) ...
     deployment = one(docs, "Deployment", "demo-elector")
     assert spec["selector"] == {"matchLabels": deployment["spec"]["selector"]["matchLabels"]}
     assert resource.selector_matches(spec["selector"], deployment["spec"]["template"]["metadata"]["labels"])
-    operator_pod_labels = one(docs, "Deployment", "demo-elector-operator")["spec"]["template"]["metadata"][
-        "labels"
-    ]
-    assert not resource.selector_matches(spec["selector"], operator_pod_labels)
+    operator = one(render_operator({}), "Deployment")
+    assert not resource.selector_matches(spec["selector"], operator["spec"]["template"]["metadata"]["labels"])
     # ... and the label the operator sets is the one the leader Service selects
     service_selector = one(docs, "Service", "demo-elector-leader")["spec"]["selector"]
     assert service_selector == {**spec["selector"]["matchLabels"], spec["leaderLabel"]: "true"}
@@ -129,7 +137,9 @@ def test_leader_election_matches_the_sidecar_and_the_leader_service(
 
 
 def test_no_password_secret_ref_without_a_secret(render: Render, validate_leader_election: Validate) -> None:
-    election = one(render({**OPERATOR, "leaderElection": {"handoffWindowSeconds": 2.5}}), "LeaderElection")
+    election = one(
+        render({"leaderElection": {"enabled": True, "handoffWindowSeconds": 2.5}}), "LeaderElection"
+    )
     validate_leader_election(election)
     assert election["spec"]["redis"] == {"url": "redis://redis:6379/0"}
     assert election["spec"]["handoffWindowSeconds"] == 2.5
@@ -155,69 +165,53 @@ def test_the_crd_check_is_strict(render: Render, validate_leader_election: Valid
 
 
 @pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
-def test_turnkey_release_is_valid_kubernetes(
+def test_turnkey_releases_are_valid_kubernetes_and_fit_together(
     render: Render, validate_leader_election: Validate, kube_version: str
 ) -> None:
-    for doc in render(WITH_SECRET):
+    """The two charts as a platform team installs them: the operator (watching "apps", allowed to read the
+    workload's password Secret and nothing else) and the workload with its LeaderElection."""
+    operator_docs = render_operator({"rbac": {"secretNames": ["redis-auth"]}})
+    workload_docs = render(WITH_SECRET, **WITH_CRD)
+    for doc in operator_docs + workload_docs:
         if doc["kind"] == "LeaderElection":
             validate_leader_election(doc)
-        else:
+        elif doc["kind"] != "ValidatingAdmissionPolicy":
             kubernetes_validate.validate(doc, kube_version, strict=True)
+    election = one(workload_docs, "LeaderElection")
+    (role,) = [d for d in operator_docs if d["kind"] == "Role" and not is_hook(d)]
+    assert role["metadata"]["namespace"] == election["metadata"]["namespace"]
+    (secrets,) = [rule for rule in role["rules"] if rule["resources"] == ["secrets"]]
+    assert secrets["resourceNames"] == [election["spec"]["redis"]["passwordSecretRef"]["name"]]
+    (hook_role,) = [d for d in operator_docs if d["kind"] == "Role" and is_hook(d)]
+    assert hook_role["metadata"]["namespace"] == election["metadata"]["namespace"]  # uninstall deletes it
 
 
-@pytest.mark.parametrize(
-    ("values", "message"),
-    [
-        (
-            {"elector": {"redis": {"url": "unix:///run/redis.sock"}}},
-            "unix:// socket, which the operator's pod cannot reach",
-        ),
-        (
-            {"operator": {"enabled": True, "namespaces": ["jobs"]}},
-            "does not include the release namespace apps",
-        ),
-    ],
-    ids=["unix-socket", "unwatched-namespace"],
-)
-def test_leader_election_refuses_what_the_operator_cannot_use(
-    render: Render, values: dict[str, Any], message: str
-) -> None:
-    merged = {**values, "operator": {"enabled": True, **values.get("operator", {})}}
-    with pytest.raises(HelmRenderError, match=message):
-        render(merged)
-    render({**merged, "leaderElection": {"enabled": False}})  # the way out the message names
-
-
-def test_credentials_in_the_url_are_refused_without_echoing_them(render: Render) -> None:
-    values = {**OPERATOR, "elector": {"redis": {"url": "redis://app:hunter2@redis.data:6379/0"}}}
-    with pytest.raises(HelmRenderError, match="holds credentials") as failure:
+def test_leader_election_refuses_a_socket_the_operator_cannot_reach(render: Render) -> None:
+    values = {**FORCED, "elector": {"redis": {"url": "unix:///run/redis.sock"}}}
+    with pytest.raises(HelmRenderError, match="unix:// socket, which the operator's pod cannot reach"):
         render(values)
-    assert "hunter2" not in str(failure.value)
+    render({**values, "leaderElection": {"enabled": False}})  # the way out the message names
 
 
-def test_operator_watching_the_release_namespace_is_fine(render: Render) -> None:
-    docs = render({"operator": {"enabled": True, "namespaces": ["jobs", NAMESPACE]}})
-    assert of_kind(docs, "LeaderElection")
-    assert of_kind(
-        render({"operator": {"enabled": True, "clusterWide": True, "namespaces": ["jobs"]}}), "LeaderElection"
-    )
+def test_credentials_in_the_url_are_refused(render: Render) -> None:
+    values = {**FORCED, "elector": {"redis": {"url": "redis://app:hunter2@redis.data:6379/0"}}}
+    with pytest.raises(HelmError, match="existingSecret"):  # the values schema, or the template's check
+        render(values)
 
 
-def test_notes_say_how_the_leader_service_gets_its_endpoint(chart: Chart) -> None:
-    default = notes(chart, {})
-    assert "NO endpoints" in default and "--set operator.enabled=true" in default
-    turnkey = notes(chart, OPERATOR)
-    assert "NO endpoints" not in turnkey and "LeaderElection demo-elector" in turnkey
-    assert "kubectl -n apps get leaderelection demo-elector" in turnkey
-    elsewhere = notes(chart, {"leaderElection": {"enabled": True}})
-    assert "must run elsewhere, otherwise this Service has NO endpoints" in elsewhere
-    switched_off = notes(chart, {**OPERATOR, "leaderElection": {"enabled": False}})
-    assert "NO endpoints" in switched_off and "--set operator.enabled=true" not in switched_off
+def test_notes_say_how_the_leader_service_gets_its_endpoint(chart: Chart, render_notes: Notes) -> None:
+    default = render_notes(chart, {})
+    assert "NO endpoints" in default and "elector-operator" in default
+    installed = render_notes(chart, {}, **WITH_CRD)
+    assert "LeaderElection demo-elector" in installed
+    assert "kubectl -n apps get leaderelection demo-elector" in installed
+    switched_off = render_notes(chart, {"leaderElection": {"enabled": False}}, **WITH_CRD)
+    assert "NO endpoints" in switched_off and "leaderElection.enabled=false" in switched_off
     tls = {
-        **OPERATOR,
+        **FORCED,
         "elector": {"redis": {"url": "rediss://redis.data:6380/0", "tls": {"existingSecret": "redis-tls"}}},
     }
-    assert "without elector.redis.tls's files" in notes(chart, tls)
+    assert "without elector.redis.tls's files" in render_notes(chart, tls)
 
 
 # --- sidecar values: priority, leader file, WAIT, TLS -----------------------------------------------------
@@ -321,7 +315,7 @@ def test_tls_ca_only(render: Render) -> None:
             "nothing to mount",
         ),
         ({"leaderFile": "/etc/elector/redis/leader.json"}, "where the sidecar mounts a Secret"),
-        ({"replicasAckTimeout": "100ms"}, "only applies with elector.minReplicasAck 1 or more"),
+        ({"replicasAckTimeout": "100ms"}, r"only applies with (elector\.)?minReplicasAck 1 or more"),
     ],
     ids=[
         "tls-without-rediss",
@@ -370,21 +364,23 @@ def test_values_file_numbers_render_as_integers(chart: Chart, chart_dir: Path, t
 
 
 def test_parent_chart_overrides_priority_and_mounts_the_leader_file(
-    tmp_path: Path, chart_dir: Path, render_chart: Callable[..., list[dict[str, Any]]]
+    tmp_path: Path,
+    library_dir: Path,
+    assemble: Callable[[Path, Path], Path],
+    render_chart: Callable[..., list[dict[str, Any]]],
 ) -> None:
-    """Two Deployments of a parent chart on one lock, one preferred; the app reads the leader file."""
+    """Two Deployments of a parent chart on one lock, one preferred (the library's `overrides`); the app
+    reads the leader file."""
     parent = tmp_path / "billing"
     (parent / "templates").mkdir(parents=True)
-    shutil.copytree(chart_dir, parent / "charts" / "elector")
     (parent / "Chart.yaml").write_text(
         "apiVersion: v2\nname: billing\nversion: 1.0.0\n"
-        "dependencies:\n  - name: elector\n    version: 0.1.0\n"
+        f"dependencies:\n  - name: elector-sidecar\n    version: 0.1.0\n    repository: file://{library_dir}\n"
     )
-    (parent / "values.yaml").write_text(
-        "elector:\n  workload:\n    enabled: false\n  elector:\n    lock: billing\n"
-        "    leaderFile: /run/elector/leader.json\n"
-    )
+    (parent / "values.yaml").write_text("leader:\n  lock: billing\n  leaderFile: /run/elector/leader.json\n")
     template = """{{- range $zone, $priority := dict "a" 10 "b" 0 }}
+{{- $sidecar := dict "values" $.Values.leader "context" $ }}
+{{- $preferred := merge (dict "overrides" (dict "priority" $priority)) $sidecar }}
 ---
 apiVersion: apps/v1
 kind: Deployment
@@ -401,14 +397,14 @@ spec:
         - name: app
           image: example/billing:1.0
           volumeMounts:
-            {{- include "elector.leaderFileMount" (dict "root" $) | nindent 12 }}
-        {{- include "elector.sidecar" (dict "root" $ "priority" $priority) | nindent 8 }}
+            {{- include "elector-sidecar.leaderFileMount" $sidecar | nindent 12 }}
+        {{- include "elector-sidecar.container" $preferred | nindent 8 }}
       volumes:
-        {{- include "elector.sidecarVolumes" (dict "root" $) | nindent 8 }}
+        {{- include "elector-sidecar.volumes" $sidecar | nindent 8 }}
 {{- end }}
 """
     (parent / "templates" / "deployments.yaml").write_text(template)
-    docs = render_chart(Chart.load(parent), {})
+    docs = render_chart(Chart.load(assemble(parent, tmp_path / "built")), {})
     by_name = {d["metadata"]["name"]: d for d in docs}
     for name, priority in (("billing-a", "10"), ("billing-b", None)):
         pod = by_name[name]["spec"]["template"]["spec"]

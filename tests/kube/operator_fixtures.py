@@ -33,7 +33,9 @@ from elector.testing.redis_server import RedisServerProcess
 from tests.support.seed import seed_used_lock
 
 NAMESPACE = "apps"
-CRD_PATH = Path(__file__).resolve().parents[2] / "helm" / "elector" / "crds" / "leaderelection.yaml"
+CRD_PATH = (
+    Path(__file__).resolve().parents[2] / "helm" / "elector-operator" / "files" / "leaderelection-crd.yaml"
+)
 LE_KEY = f"{resource.GROUP}/{resource.VERSION}/{resource.PLURAL}"
 _versions = itertools.count(1)
 

@@ -1,0 +1,151 @@
+{{/*
+Names, labels and checks of the elector-operator chart. Every helper takes the chart's root context (`.`).
+*/}}
+
+{{/* Chart name, or nameOverride. */}}
+{{- define "elector-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name: fullnameOverride, else "<release>-<name>" (just "<release>" when it already contains the
+name). Truncated to 63 characters, the limit of DNS labels.
+*/}}
+{{- define "elector-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* "<full name>-<suffix>", at most 63 characters. Call with (list $ "suffix"). */}}
+{{- define "elector-operator.suffixed" -}}
+{{- $root := index . 0 }}
+{{- printf "%s-%s" (include "elector-operator.fullname" $root | trunc (int (sub 62 (len (index . 1))))) (index . 1) | trimSuffix "-" }}
+{{- end }}
+
+{{/* Standard labels of every object. */}}
+{{- define "elector-operator.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "elector-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | trunc 63 | trimSuffix "-" | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: elector
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Labels that select the operator's pods (immutable in a Deployment's selector). */}}
+{{- define "elector-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "elector-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* The ServiceAccount the operator runs as. */}}
+{{- define "elector-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "elector-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name: name the existing ServiceAccount when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+An image reference from (dict "image" <repository/tag/digest> "root" $): repository@digest, else
+repository:tag (tag defaults to the appVersion). global.imageRegistry replaces the repository's registry
+(its first part when that has a "." or ":" or is localhost, as Docker reads it), or goes in front.
+*/}}
+{{- define "elector-operator.imageRef" -}}
+{{- $root := .root }}
+{{- $repository := .image.repository }}
+{{- with (($root.Values.global | default dict).imageRegistry) }}
+{{- $parts := splitList "/" $repository }}
+{{- $first := first $parts }}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) }}
+{{- $repository = rest $parts | join "/" }}
+{{- end }}
+{{- $repository = printf "%s/%s" (trimSuffix "/" .) $repository }}
+{{- end }}
+{{- if .image.digest }}
+{{- printf "%s@%s" $repository .image.digest }}
+{{- else }}
+{{- printf "%s:%s" $repository (.image.tag | default $root.Chart.AppVersion) }}
+{{- end }}
+{{- end }}
+
+{{/* The operator's image. */}}
+{{- define "elector-operator.image" -}}
+{{- include "elector-operator.imageRef" (dict "image" .Values.image "root" .) }}
+{{- end }}
+
+{{/* imagePullSecrets of a pod: global.imagePullSecrets, then imagePullSecrets (YAML list, or nothing). */}}
+{{- define "elector-operator.imagePullSecrets" -}}
+{{- $secrets := concat ((.Values.global | default dict).imagePullSecrets | default list) (.Values.imagePullSecrets | default list) | uniq }}
+{{- with $secrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* The namespaces it watches, comma-separated: namespaces, else the release's. */}}
+{{- define "elector-operator.namespaces" -}}
+{{- if .Values.namespaces }}{{ join "," .Values.namespaces }}{{ else }}{{ .Release.Namespace }}{{ end }}
+{{- end }}
+
+{{/* The scheme of redis.url ("redis", "rediss", "rediss+sentinel", ...). */}}
+{{- define "elector-operator.redisScheme" -}}
+{{- splitList "://" .Values.redis.url | first }}
+{{- end }}
+
+{{/*
+Checks of value combinations the schema cannot express. Messages name the setting and never print the
+URL, which may hold a password.
+*/}}
+{{- define "elector-operator.validate" -}}
+{{- $authority := splitList "://" .Values.redis.url | last | splitList "/" | first }}
+{{- if contains "@" $authority }}
+{{- fail "redis.url holds credentials, which would land in a plain environment variable; put the password in the Secret named by redis.existingSecret" }}
+{{- end }}
+{{- $tls := .Values.redis.tls }}
+{{- if $tls.existingSecret }}
+{{- $scheme := include "elector-operator.redisScheme" . }}
+{{- if not (has $scheme (list "rediss" "rediss+sentinel")) }}
+{{- fail (printf "redis.tls.existingSecret needs a rediss:// or rediss+sentinel:// redis.url (got a %s:// URL)" $scheme) }}
+{{- end }}
+{{- if ne (empty $tls.certKey) (empty $tls.keyKey) }}
+{{- fail "redis.tls: set certKey and keyKey together (a client certificate needs its key), or both empty" }}
+{{- end }}
+{{- if and (empty $tls.caKey) (empty $tls.certKey) }}
+{{- fail "redis.tls.existingSecret is set but caKey, certKey and keyKey are all empty: nothing to mount" }}
+{{- end }}
+{{- end }}
+{{- if .Values.podDisruptionBudget.enabled }}
+{{- $min := toString .Values.podDisruptionBudget.minAvailable }}
+{{- $max := toString .Values.podDisruptionBudget.maxUnavailable }}
+{{- if and (ne $min "") (ne $max "") }}
+{{- fail "podDisruptionBudget: set only one of minAvailable and maxUnavailable" }}
+{{- end }}
+{{- if and (eq $min "") (eq $max "") }}
+{{- fail "podDisruptionBudget: set one of minAvailable and maxUnavailable" }}
+{{- end }}
+{{- if has $max (list "0" "0%") }}
+{{- fail "podDisruptionBudget.maxUnavailable 0 never allows an eviction, so every node drain blocks; use 1 (or disable the PodDisruptionBudget)" }}
+{{- end }}
+{{- if or (eq $min "100%") (and (regexMatch "^[0-9]+$" $min) (ge (atoi $min) (int .Values.replicas))) }}
+{{- fail (printf "podDisruptionBudget.minAvailable %s with %d replicas never allows an eviction, so every node drain blocks; use at most replicas - 1, or maxUnavailable 1" $min (int .Values.replicas)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when the ValidatingAdmissionPolicy renders: enabled, and the cluster serves the v1 API (>= 1.30). */}}
+{{- define "elector-operator.admissionPolicy.enabled" -}}
+{{- if and .Values.admissionPolicy.enabled (or (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version)) }}true{{ end }}
+{{- end }}
