@@ -1,8 +1,9 @@
 """The Prometheus alerting rules in helm/elector/files: checked and unit-tested by the real promtool.
 
 `promtool check rules` validates the rules file; `promtool test rules` runs alerts.test.yaml, which
-holds a firing and a silent case for every alert. Mutation tests prove those cases have teeth: an
-alert that never fires, or one whose `for:`/threshold is loosened, must make the unit tests fail.
+holds a firing and a silent case for every alert, and cases where both monitors scrape every pod.
+Mutation tests prove those cases have teeth: an alert that never fires, one whose `for:`/threshold
+is loosened, or one that sums raw series (a doubled scrape counted twice) must make them fail.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests.helm.promql_per_pod import per_pod_problems, without_per_pod
 
 FILES = Path(__file__).resolve().parents[2] / "helm" / "elector" / "files"
 RULES = FILES / "alerts.rules.yaml"
@@ -70,14 +73,68 @@ def test_the_group_holds_exactly_the_seven_alerts_with_severity_and_annotations(
 
 
 def test_every_alert_aggregates_to_namespace_and_lock() -> None:
-    """Alerts group by (namespace, lock) and carry no scrape-specific labels such as instance."""
+    """Alerts group by (namespace, lock) and carry no scrape-specific labels such as instance.
+
+    (`result` only in the per-pod step of ElectorRenewalsFailing, which sums it away.)"""
     for rule in load_rules():
         groupings = re.findall(r"\bby\s*\(([^)]*)\)", rule["expr"])
         assert groupings, f"{rule['alert']} does not aggregate"
         for grouping in groupings:
             labels = {label.strip() for label in grouping.split(",")}
             assert {"namespace", "lock"} <= labels, (rule["alert"], grouping)
-            assert labels <= {"namespace", "lock", "pod"}, (rule["alert"], grouping)
+            assert labels <= {"namespace", "lock", "pod", "result"}, (rule["alert"], grouping)
+        outermost = groupings[0]
+        assert "result" not in outermost, (rule["alert"], outermost)
+
+
+def test_every_alert_counts_each_pod_once() -> None:
+    """Issue 17, problem 6: a ServiceMonitor and a PodMonitor together scrape every pod twice.
+
+    Every sum or count across pods goes over `max by (namespace, lock, pod, ...)`, one value per pod,
+    so the second copy of a pod's series changes nothing.
+    """
+    for rule in load_rules():
+        assert per_pod_problems(rule["expr"]) == [], rule["alert"]
+        assert re.search(r"\b(max|min) by \([^)]*\bpod\b", rule["expr"]), rule["alert"]
+
+
+def test_the_unit_tests_feed_a_doubled_scrape() -> None:
+    """alerts.test.yaml holds cases where each pod's series come from two jobs (both monitors)."""
+    document = yaml.safe_load(UNIT_TESTS.read_text())
+    doubled: set[str] = set()
+    for case in document["tests"]:
+        seen: dict[tuple[str, ...], set[str]] = {}
+        for series in case["input_series"]:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', series["series"]))
+            name = series["series"].split("{", 1)[0]
+            key = (name, *sorted(f"{k}={v}" for k, v in labels.items() if k not in {"job", "service"}))
+            seen.setdefault(key, set()).add(labels["job"])
+        if any(len(jobs) == 2 for jobs in seen.values()):
+            assert all(len(jobs) == 2 for jobs in seen.values()), case
+            doubled |= {check["alertname"] for check in case["alert_rule_test"]}
+    assert doubled == ALERTS - {"ElectorRedisUnreachable"}  # already per pod, one series per pod
+
+
+@pytest.mark.parametrize(
+    "alert",
+    # A second copy cannot change `== 0` or `> 0` (the other alerts): for those, the shape test holds.
+    ["ElectorMultipleLeaders", "ElectorLeadershipFlapping", "ElectorRenewalsFailing"],
+)
+def test_the_unit_tests_catch_an_alert_that_counts_a_pod_twice(
+    promtool: str, tmp_path: Path, alert: str
+) -> None:
+    """Without the per-pod step (today's naive sum), the doubled-scrape cases fail."""
+    rules = [dict(rule) for rule in load_rules()]
+    rule = next(rule for rule in rules if rule["alert"] == alert)
+    naive = without_per_pod(rule["expr"])
+    assert naive != rule["expr"] and per_pod_problems(naive)
+    rule["expr"] = naive
+    (tmp_path / RULES.name).write_text(yaml.safe_dump({"groups": [{"name": "elector", "rules": rules}]}))
+    shutil.copy(UNIT_TESTS, tmp_path / UNIT_TESTS.name)
+    assert run_promtool(promtool, "check", "rules", RULES.name, cwd=tmp_path).returncode == 0
+    result = run_promtool(promtool, "test", "rules", UNIT_TESTS.name, cwd=tmp_path)
+    assert result.returncode != 0, f"the unit tests still pass with {alert} summing raw series"
+    assert f"alertname: {alert}," in result.stdout + result.stderr
 
 
 def test_the_for_durations_tolerate_normal_handoffs_and_blips() -> None:
