@@ -64,7 +64,7 @@ class Servers:
         for server in self.servers:
             server.stop()
 
-    def redlock(self, *, timeout_s: float = 0.5, **kwargs: object) -> RedlockLeaseBackend:
+    def redlock(self, *, timeout_s: float = 1.0, **kwargs: object) -> RedlockLeaseBackend:
         backends = []
         for proxy in self.proxies:
             client = make_client(RedisSettings(url=proxy.url, request_timeout_s=timeout_s))
@@ -272,8 +272,18 @@ async def test_racing_contenders_never_both_granted(cluster_of: Callable[[int], 
     servers = cluster_of(5)
     await servers.start()
     a, b = servers.redlock(), servers.redlock()
+
+    async def attempt(redlock: RedlockLeaseBackend, identity: str) -> object:
+        try:
+            return await redlock.acquire(identity, ttl_ms=TTL_MS)
+        except LeaseBackendError as exc:
+            # On a loaded machine the servers may not answer within the request timeout: an
+            # error, which the election retries. The safety property is about grants only.
+            return exc
+
+    clean_rounds = 0
     for _ in range(15):
-        first, second = await asyncio.gather(a.acquire("a", ttl_ms=TTL_MS), b.acquire("b", ttl_ms=TTL_MS))
+        first, second = await asyncio.gather(attempt(a, "a"), attempt(b, "b"))
         wins = [r for r in (first, second) if isinstance(r, Granted)]
         assert len(wins) <= 1
         for result, redlock in ((first, a), (second, b)):
@@ -281,7 +291,13 @@ async def test_racing_contenders_never_both_granted(cluster_of: Callable[[int], 
                 assert await redlock.release(result.lease)
         await a.aclose()
         await b.aclose()
-        assert await servers.values() == [None] * 5
+        if any(isinstance(r, LeaseBackendError) for r in (first, second)):
+            # What a request that timed out wrote late lapses with its ttl.
+            await asyncio.sleep(TTL_MS / 1000 + 0.2)
+        else:
+            clean_rounds += 1
+            assert await servers.values() == [None] * 5
+    assert clean_rounds > 0, "no round was answered in time"
 
 
 async def test_server_restarted_empty(three: Servers) -> None:
