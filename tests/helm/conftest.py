@@ -21,6 +21,8 @@ import yaml
 from helm_python import _native
 from helm_python.chart import Chart
 
+from tests.support.charts import assemble_chart
+
 CHART_DIR = Path(__file__).resolve().parents[2] / "helm" / "elector"
 LIBRARY_DIR = CHART_DIR.parent / "elector-sidecar"
 CRD_PATH = CHART_DIR.parent / "elector-operator" / "files" / "leaderelection-crd.yaml"
@@ -29,21 +31,6 @@ RELEASE = "demo"
 NAMESPACE = "apps"
 
 Render = Callable[..., list[dict[str, Any]]]
-
-
-def assemble_chart(source: Path, into: Path) -> Path:
-    """Copy the chart directory `source` to `into/<its name>`, with every `file://` dependency of its
-    Chart.yaml assembled the same way under charts/ (what `helm dependency build` unpacks)."""
-    target = into / source.name
-    shutil.copytree(source, target, ignore=shutil.ignore_patterns("charts", "Chart.lock"))
-    metadata = yaml.safe_load((source / "Chart.yaml").read_text())
-    for dependency in metadata.get("dependencies") or []:
-        repository = str(dependency.get("repository", ""))
-        if not repository.startswith("file://"):
-            raise ValueError(f"{source.name}: dependency {dependency['name']} is not file://; fetch it first")
-        assemble_chart((source / repository.removeprefix("file://")).resolve(), target / "charts")
-    return target
-
 
 def render_manifests(
     chart: Chart,

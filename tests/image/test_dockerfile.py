@@ -355,8 +355,12 @@ def _chart_sidecars() -> tuple[dict[str, Any], list[dict[str, Any]]]:
         )
     from helm_python.chart import Chart
 
+    from tests.support.charts import assemble_chart
+
     chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
-    rendered = Chart.load(CHART_DIR).render({}, name="image-test", namespace="default")
+    with tempfile.TemporaryDirectory() as tmp:  # the chart with its library dependency under charts/
+        built = assemble_chart(CHART_DIR, Path(tmp))
+        rendered = Chart.load(built).render({}, name="image-test", namespace="default")
     containers = []
     for path, manifest in rendered.items():
         if path.endswith("NOTES.txt"):
