@@ -81,14 +81,14 @@ _WORKER_BLOCKS = 8
 _next_worker_port: list[int] = []
 
 
-def _worker_block() -> int | None:
+def worker_port_block() -> int | None:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ...
     if worker.startswith("gw") and worker[2:].isdigit() and int(worker[2:]) < _WORKER_BLOCKS:
         return _WORKER_PORTS_FROM + int(worker[2:]) * _WORKER_PORTS_EACH
     return None
 
 
-def _bindable(port: int) -> bool:
+def port_is_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
             sock.bind(("127.0.0.1", port))
@@ -103,14 +103,14 @@ def free_tcp_port() -> int:
     The OS picks it, except under pytest-xdist, where each worker walks its own block of ports
     (starting at a random place, so that a worker's subprocesses rarely start where it does).
     """
-    start = _worker_block()
+    start = worker_port_block()
     if start is not None:
         if not _next_worker_port:
             _next_worker_port.append(random.randrange(_WORKER_PORTS_EACH))
         for _ in range(_WORKER_PORTS_EACH):
             offset = _next_worker_port[0]
             _next_worker_port[0] = (offset + 1) % _WORKER_PORTS_EACH
-            if _bindable(start + offset):
+            if port_is_free(start + offset):
                 return start + offset
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

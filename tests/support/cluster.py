@@ -19,13 +19,18 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import socket
 import time
 from typing import Self
 
 import redis
 
-from elector.testing.redis_server import RedisServerError, RedisServerProcess
+from elector.testing.redis_server import (
+    RedisServerError,
+    RedisServerProcess,
+    free_tcp_port,
+    port_is_free,
+    worker_port_block,
+)
 from tests.support.lifecycle import StartStop
 
 SLOTS = 16384
@@ -36,20 +41,13 @@ PORT_RANGE = (20000, 30000)
 BUS_OFFSET = 10000
 
 
-def _free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def cluster_port() -> int:
     """A port that is free, and whose bus port (+10000) is free too, a moment ago."""
     for _ in range(200):
-        port = random.randint(*PORT_RANGE)
-        if _free(port) and _free(port + BUS_OFFSET):
+        # Under pytest-xdist from this worker's own block (free_tcp_port), so that two workers'
+        # clusters never pick the same port; alone, anywhere in the range.
+        port = free_tcp_port() if worker_port_block() is not None else random.randint(*PORT_RANGE)
+        if port_is_free(port) and port_is_free(port + BUS_OFFSET):
             return port
     raise ClusterFormationError(f"no free port pair (N, N+{BUS_OFFSET}) found in {PORT_RANGE}")
 
