@@ -73,8 +73,12 @@ def test_one_daemon_holds_a_hundred_locks_with_its_own_series_endpoint_and_file_
         for line in lines
         if line.get("event") == "stepped_down" and line.get("reason") != "shutdown"
     }
-    assert held_at_exit - gave_up <= released, sorted(held_at_exit - gave_up - released)[:5]
-    if not gave_up:
+    # A release whose request timed out (the machine is loaded) leaves that lease to lapse, which
+    # is safe, but it must be reported: every lock held at exit is released or says it was not.
+    release_failed = {line.get("lock") for line in lines if line.get("event") == "release_failed"}
+    unaccounted = held_at_exit - gave_up - released - release_failed
+    assert not unaccounted, sorted(unaccounted)[:5]
+    if not gave_up and not release_failed:
         assert released == set(LOCKS), sorted(set(LOCKS) - released)[:5]
     wait_until(lambda: leading(b.metrics()) == set(LOCKS), timeout_s=15)
     document = json.loads((files / "job-057.json").read_text())
