@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := demo
-.PHONY: demo test lint bench setup system-deps clean distclean
+.PHONY: demo test lint bench bench-setup setup system-deps clean distclean
 
 demo: $(STAMP)
 	$(BIN)/elector demo
@@ -28,8 +28,12 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-bench: $(STAMP)
+bench: bench-setup
 	$(BIN)/python -m bench
+
+# The peers' servers (Debian packages, as root, only when missing) and clients (the `bench` extra).
+bench-setup: $(STAMP)
+	$(BIN)/python -m bench.setup
 
 setup: $(STAMP)
 

@@ -106,6 +106,8 @@ class BenchResult:
     tables: list[Table] = dataclasses.field(default_factory=list)
     targets: list[Target] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+    #: PNGs (see bench/plots.py) and their captions, shown in the module's section.
+    images: list[tuple[Path, str]] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
     error: str | None = None
 

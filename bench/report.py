@@ -8,6 +8,7 @@ run, and one section per benchmark between `<!-- bench:NAME:begin/end -->` marke
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,10 +35,11 @@ def render_console(result: BenchResult) -> str:
     out += [f"\n{table.render()}" for table in result.tables]
     out += [""] + [f"target {t.what}: {t.verdict} ({t.figure}; goal {t.goal})" for t in result.targets]
     out += [f"note: {note}" for note in result.notes]
+    out += [f"image: {image} ({caption})" for image, caption in result.images]
     return "\n".join(out) + "\n"
 
 
-def render_section(result: BenchResult, run: RunInfo) -> str:
+def render_section(result: BenchResult, run: RunInfo, *, docs_dir: Path) -> str:
     out = [
         f"<!-- bench:{result.name}:begin -->",
         f"## {result.name}: {result.title}",
@@ -51,6 +53,8 @@ def render_section(result: BenchResult, run: RunInfo) -> str:
         out += [f"**This benchmark failed:** `{result.error}`", ""]
     for table in result.tables:
         out += [table.render(), ""]
+    for image, caption in result.images:
+        out += [f"![{caption}]({_relative(image, docs_dir)})", ""]
     if result.targets:
         out += ["Targets:", ""]
         out += [f"- {t.what}: **{t.verdict}**: {t.figure} (goal {t.goal})" for t in result.targets]
@@ -58,6 +62,14 @@ def render_section(result: BenchResult, run: RunInfo) -> str:
     out += [f"Note: {note}\n" for note in result.notes]
     out.append(f"<!-- bench:{result.name}:end -->")
     return "\n".join(out) + "\n"
+
+
+def _relative(image: Path, docs_dir: Path) -> str:
+    """The image's path as the Markdown file refers to it (POSIX, relative to its directory)."""
+    try:
+        return image.resolve().relative_to(docs_dir.resolve()).as_posix()
+    except ValueError:
+        return Path(os.path.relpath(image.resolve(), docs_dir.resolve())).as_posix()
 
 
 def render_header(run: RunInfo, results: Sequence[BenchResult]) -> str:
@@ -95,7 +107,8 @@ def render_header(run: RunInfo, results: Sequence[BenchResult]) -> str:
         "- Medians are `statistics.median` (mean of the two middle values for an even count).",
         "- Times are wall-clock: the benchmark takes `time.time()` right before the signal or spawn, and "
         "the end is the daemon's own JSON log `timestamp` (ISO UTC, microseconds) or, for etcd, the "
-        "`date +%s.%N` its CMD wrote. Both clocks are the same host clock.",
+        "`date +%s.%N` its CMD wrote, or (peers) the `time.time()` line each system's CMD journals as its "
+        "first act. All are the same host clock.",
         "- Every daemon is a real `python -m elector run` process against a private redis-server on a "
         "free 127.0.0.1 port; each lock is seeded as already used (its fencing counter and the "
         "server's run_id set, as after a grant), because a brand-new lock waits one ttl by design.",
@@ -112,7 +125,7 @@ def update_docs(path: Path, results: Sequence[BenchResult], run: RunInfo, order:
         for match in _SECTION.finditer(path.read_text()):
             sections[match.group(1)] = match.group(0)
     for result in results:
-        sections[result.name] = render_section(result, run)
+        sections[result.name] = render_section(result, run, docs_dir=path.parent)
     body = [sections[name] for name in order if name in sections]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_header(run, results) + "\n" + "\n".join(body))
