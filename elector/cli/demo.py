@@ -20,7 +20,7 @@ from elector.cli.options import CONTEXT, TTL, options
 )
 def demo(*, replicas: int, ttl: float, rounds: int, redis_server: str | None) -> None:
     """Watch a failover: a private Redis, several replicas, the leader killed, the takeover timed."""
-    # aiohttp and the redis-server helper: imported only when the demo runs.
+    # The redis-server helper: imported only when the demo runs.
     from elector.cli.failover_demo import run_demo
 
     sys.exit(run_demo(replicas=replicas, ttl_s=ttl, rounds=rounds, redis_server=redis_server))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -19,11 +20,37 @@ import tempfile
 import time
 from pathlib import Path
 
-import aiohttp
+import h11
 
 from elector.testing.redis_server import RedisServerNotFound, RedisServerProcess, free_tcp_port
 
 POLL_INTERVAL_S = 0.01
+REQUEST_TIMEOUT_S = 0.5
+
+
+async def get_json(port: int, path: str) -> tuple[int, object]:
+    """GET http://127.0.0.1:PORT/PATH with h11 (the daemon's own HTTP layer): status and JSON body."""
+    async with asyncio.timeout(REQUEST_TIMEOUT_S):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            client = h11.Connection(h11.CLIENT)
+            request = h11.Request(
+                method="GET", target=path, headers=[("Host", "127.0.0.1"), ("Connection", "close")]
+            )
+            writer.write((client.send(request) or b"") + (client.send(h11.EndOfMessage()) or b""))
+            status, body = 0, b""
+            while True:
+                event = client.next_event()
+                if event is h11.NEED_DATA:
+                    client.receive_data(await reader.read(65536))
+                elif isinstance(event, h11.Response):
+                    status = event.status_code
+                elif isinstance(event, h11.Data):
+                    body += event.data
+                elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                    return status, json.loads(body)
+        finally:
+            writer.close()
 
 
 @dataclasses.dataclass
@@ -60,16 +87,15 @@ class Replica:
             self.process.kill()
             self.process.wait()
 
-    async def role(self, session: aiohttp.ClientSession) -> tuple[str, int | None]:
+    async def role(self) -> tuple[str, int | None]:
         """('leader', token), ('follower', None) or ('down', None)."""
         if self.process is None or self.process.poll() is not None:
             return "down", None
         try:
-            async with session.get(f"http://127.0.0.1:{self.port}/leader") as response:
-                body = await response.json()
-        except (aiohttp.ClientError, TimeoutError, ValueError):
+            status, body = await get_json(self.port, "/leader")
+        except (OSError, h11.ProtocolError, TimeoutError, ValueError):
             return "down", None
-        if response.status == 200:
+        if status == 200 and isinstance(body, dict):
             return "leader", body.get("fencing_token")
         return "follower", None
 
@@ -89,8 +115,8 @@ class Demo:
             sys.stdout.write("\r\033[K")
         print(f"[{elapsed:6.2f}s] {text}", flush=True)
 
-    async def view(self, session: aiohttp.ClientSession) -> list[tuple[str, int | None]]:
-        roles = await asyncio.gather(*(replica.role(session) for replica in self.replicas))
+    async def view(self) -> list[tuple[str, int | None]]:
+        roles = await asyncio.gather(*(replica.role() for replica in self.replicas))
         parts = []
         for replica, (role, token) in zip(self.replicas, roles, strict=True):
             parts.append(
@@ -104,65 +130,59 @@ class Demo:
             self.say(line)
         return roles
 
-    async def wait_for_leader(
-        self, session: aiohttp.ClientSession, *, timeout_s: float, not_index: int | None = None
-    ) -> int | None:
+    async def wait_for_leader(self, *, timeout_s: float, not_index: int | None = None) -> int | None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            roles = await self.view(session)
+            roles = await self.view()
             for index, (role, _) in enumerate(roles):
                 if role == "leader" and index != not_index:
                     return index
             await asyncio.sleep(POLL_INTERVAL_S)
         return None
 
-    async def watch(self, session: aiohttp.ClientSession, seconds: float) -> None:
+    async def watch(self, seconds: float) -> None:
         until = time.monotonic() + seconds
         while time.monotonic() < until:
-            await self.view(session)
+            await self.view()
             await asyncio.sleep(0.05)
 
     async def run(self, *, rounds: int) -> int:
-        timeout = aiohttp.ClientTimeout(total=0.5)
         results: list[tuple[str, float]] = []
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            self.say(
-                f"waiting for the first leader (a new lock waits one ttl, {self.ttl_s:g}s: the quiet "
-                "period that protects against Redis data loss)"
-            )
-            leader = await self.wait_for_leader(session, timeout_s=self.ttl_s * 3 + 10)
-            if leader is None:
-                self.say("no replica became leader; see the replica logs")
+        self.say(
+            f"waiting for the first leader (a new lock waits one ttl, {self.ttl_s:g}s: the quiet "
+            "period that protects against Redis data loss)"
+        )
+        leader = await self.wait_for_leader(timeout_s=self.ttl_s * 3 + 10)
+        if leader is None:
+            self.say("no replica became leader; see the replica logs")
+            return 1
+        for round_number in range(1, rounds + 1):
+            await self.watch(1.5)
+            how = signal.SIGKILL if round_number % 2 == 1 else signal.SIGTERM
+            victim = self.replicas[leader]
+            self.say(f"sending {how.name} to the leader {victim.identity}")
+            sent_at = time.monotonic()
+            victim.send(how)
+            leader_or_none = await self.wait_for_leader(timeout_s=self.ttl_s * 3 + 5, not_index=leader)
+            if leader_or_none is None:
+                self.say("no takeover; see the replica logs")
                 return 1
-            for round_number in range(1, rounds + 1):
-                await self.watch(session, 1.5)
-                how = signal.SIGKILL if round_number % 2 == 1 else signal.SIGTERM
-                victim = self.replicas[leader]
-                self.say(f"sending {how.name} to the leader {victim.identity}")
-                sent_at = time.monotonic()
-                victim.send(how)
-                leader_or_none = await self.wait_for_leader(
-                    session, timeout_s=self.ttl_s * 3 + 5, not_index=leader
-                )
-                if leader_or_none is None:
-                    self.say("no takeover; see the replica logs")
-                    return 1
-                took = time.monotonic() - sent_at
-                results.append((how.name, took))
-                new = self.replicas[leader_or_none]
-                kind = (
-                    "crash takeover (waits for the lease to run out)"
-                    if how is signal.SIGKILL
-                    else "graceful handoff"
-                )
-                self.say(f"{new.identity} took over {took * 1000:.0f} ms after {how.name}: {kind}")
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    if victim.process is not None:
-                        victim.process.wait(timeout=5)
-                victim.start(redis_url=self.redis_url, ttl_s=self.ttl_s)
-                self.say(f"restarted {victim.identity}; it rejoins as a follower")
-                leader = leader_or_none
-            await self.watch(session, 1.0)
+            took = time.monotonic() - sent_at
+            results.append((how.name, took))
+            new = self.replicas[leader_or_none]
+            kind = (
+                "crash takeover (waits for the lease to run out)"
+                if how is signal.SIGKILL
+                else "graceful handoff"
+            )
+            self.say(f"{new.identity} took over {took * 1000:.0f} ms after {how.name}: {kind}")
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                if victim.process is not None:
+                    victim.process.wait(timeout=5)
+            victim.start(redis_url=self.redis_url, ttl_s=self.ttl_s)
+            self.say(f"restarted {victim.identity}; it rejoins as a follower")
+            leader = leader_or_none
+        await self.watch(1.0)
         print()
         print(f"summary (ttl {self.ttl_s:g}s, {len(self.replicas)} replicas):")
         for name, took in results:

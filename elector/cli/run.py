@@ -9,6 +9,7 @@ import click
 from click.core import ParameterSource
 
 from elector.cli.options import CONTEXT, RUN_OPTIONS, invalid_setting, options
+from elector.cli.tls import tls_configured, without_openssl
 
 
 @click.command(context_settings=CONTEXT)
@@ -27,7 +28,14 @@ def run(*, command: tuple[str, ...], **params: Any) -> None:
     2 invalid settings, 3 leadership lost with --exit-on-loss; with --on-child-exit exit, the
     command's own exit code.
     """
-    # The daemon pulls in redis, aiohttp and structlog (~0.5 s): imported only when it runs.
+    # No TLS configured: no OpenSSL in this process (4.5 MiB less RSS), decided before the
+    # first import of asyncio (see elector/cli/tls.py).
+    if not tls_configured(
+        urls=(params["redis_url"], *params["redlock_url"]),
+        files=(params["redis_tls_ca"], params["redis_tls_cert"], params["redis_tls_key"]),
+    ):
+        without_openssl()
+    # The daemon pulls in redis, asyncio and structlog (~0.3 s): imported only when it runs.
     from elector.daemon.settings import SettingsError, build_settings
 
     if not params["lock"] and params["locks_file"] is None:

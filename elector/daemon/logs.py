@@ -1,7 +1,7 @@
 """Logging: structlog and the standard library through one handler, one renderer.
 
 Every line, whether logged through a structlog logger from `make_logger` or through a plain
-`logging.getLogger(...)` of a library (redis, aiohttp, kopf), is rendered by the same
+`logging.getLogger(...)` of a library (redis, kopf and its aiohttp), is rendered by the same
 `ProcessorFormatter`: JSON lines in production (stream not a TTY), colourful console otherwise.
 
 `OutcomeLogger` turns the election's cycle outcomes into a quiet log: one INFO line per role
@@ -91,7 +91,10 @@ def _formatter(*, json: bool) -> structlog.stdlib.ProcessorFormatter:
 
 class _DemoteClientProtocolErrors(logging.Filter):
     """A malformed request (a scanner, an oversized header) is the client's fault, already answered
-    with 400: keep it at DEBUG, without a traceback, so nobody can flood the logs with ERRORs."""
+    with 400: keep it at DEBUG, without a traceback, so nobody can flood the logs with ERRORs.
+
+    For aiohttp servers in the same process (kopf's, under `elector operator`); elector's own
+    HTTP server (h11) logs these at DEBUG itself (`http_bad_request`)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name != "aiohttp.server" or not record.exc_info or record.exc_info[1] is None:
@@ -122,7 +125,7 @@ def configure_logging(settings: LogSettings, *, stream: TextIO | None = None) ->
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(settings.level_number)
-    # Probes hit the HTTP server every few seconds; their access lines are noise at INFO.
+    # kopf's aiohttp (operator) logs access lines: noise at INFO. (A logger by name: no import.)
     logging.getLogger("aiohttp.access").setLevel(max(logging.WARNING, settings.level_number))
 
 
@@ -316,6 +319,10 @@ class OutcomeLogger:
             )
 
     def _log_routine(self, outcome: CycleOutcome) -> None:
+        # Every line here is DEBUG: a dropped structlog call still costs ~30 us, paid by every
+        # renewal of a daemon holding thousands of locks.
+        if not self._log.isEnabledFor(logging.DEBUG):
+            return
         kind = outcome.kind
         if kind is OutcomeKind.RENEWED:
             self._log.debug("renewed", duration_ms=_ms(outcome.duration_s), remaining_ms=outcome.remaining_ms)

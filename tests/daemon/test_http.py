@@ -6,11 +6,16 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from elector.daemon.http import HttpBindError, HttpServer, HttpSettings, make_http_app, parse_http_address
+from elector.daemon.http import (
+    HttpApp,
+    HttpBindError,
+    HttpServer,
+    HttpSettings,
+    make_http_app,
+    parse_http_address,
+)
 from elector.election.outcome import CycleOutcome, OutcomeKind, State
 from elector.lease import Holder
 from elector.metrics import ElectionMetrics
@@ -44,17 +49,26 @@ def registry(status: FakeStatus) -> CollectorRegistry:
 
 
 @pytest.fixture
-def app(status: FakeStatus, registry: CollectorRegistry) -> web.Application:
+def app(status: FakeStatus, registry: CollectorRegistry) -> HttpApp:
     return make_http_app(status=status, registry=registry, liveness_grace_s=5.0, readiness_window_s=10.0)
 
 
 @pytest.fixture
-async def client(app: web.Application) -> AsyncIterator[TestClient[web.Request, web.Application]]:
-    async with TestClient(TestServer(app)) as client:
+async def server(app: HttpApp) -> AsyncIterator[HttpServer]:
+    server = HttpServer(app, settings=HttpSettings(host="127.0.0.1", port=0))
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def client(server: HttpServer) -> AsyncIterator[aiohttp.ClientSession]:
+    """A real HTTP client (aiohttp's, from the dev dependencies) against the real server."""
+    async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{server.bound_port}") as client:
         yield client
 
 
-Client = TestClient[web.Request, web.Application]
+Client = aiohttp.ClientSession
 
 
 # --- probes ----------------------------------------------------------------------------------
@@ -207,7 +221,7 @@ async def test_a_failing_handler_answers_503_not_500(client: Client, status: Fak
         assert "exploded" not in await resp.text()  # details go to the log, not to the prober
 
 
-async def test_raw_garbage_on_the_socket_never_gives_500(app: web.Application) -> None:
+async def test_raw_garbage_on_the_socket_never_gives_500(app: HttpApp) -> None:
     server = HttpServer(app, settings=HttpSettings(host="127.0.0.1", port=0))
     await server.start()
     try:
@@ -234,7 +248,7 @@ async def test_raw_garbage_on_the_socket_never_gives_500(app: web.Application) -
 # --- server ----------------------------------------------------------------------------------
 
 
-async def test_server_binds_port_zero_and_serves(app: web.Application) -> None:
+async def test_server_binds_port_zero_and_serves(app: HttpApp) -> None:
     server = HttpServer(app, settings=HttpSettings(host="127.0.0.1", port=0))
     await server.start()
     try:
@@ -251,7 +265,7 @@ async def test_server_binds_port_zero_and_serves(app: web.Application) -> None:
         _ = server.bound_port
 
 
-async def test_busy_port_gives_a_clear_bind_error(app: web.Application) -> None:
+async def test_busy_port_gives_a_clear_bind_error(app: HttpApp) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()

@@ -22,7 +22,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 # The runtime dependencies, and kopf: one image runs the sidecar and `elector operator`.
-RUNTIME_DEPENDENCIES = {"redis", "prometheus-client", "structlog", "aiohttp", "click", "kopf"}
+RUNTIME_DEPENDENCIES = {"redis", "prometheus-client", "structlog", "h11", "aiohttp", "click", "kopf"}
 # Test and development tools and the demo's redis-server stay out of the image.
 FORBIDDEN = {
     "pytest",

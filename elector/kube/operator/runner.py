@@ -15,13 +15,19 @@ import socket
 from collections.abc import Mapping
 
 import kopf
-from aiohttp import web
 from prometheus_client import CollectorRegistry
-from prometheus_client.aiohttp import make_aiohttp_handler
 
 import elector
 from elector.backend import RedisSettings, make_client
-from elector.daemon.http import HttpServer, HttpSettings
+from elector.daemon.http import (
+    HttpApp,
+    HttpServer,
+    HttpSettings,
+    Request,
+    Response,
+    json_response,
+    metrics_handler,
+)
 from elector.kube.operator.handlers import Login, build_handlers, configure_settings
 from elector.kube.operator.kubeapi import KubeApi
 from elector.kube.operator.metrics import OperatorMetrics
@@ -55,16 +61,13 @@ class OperatorSettings:
             raise ValueError("give --namespace (one or more) or --all-namespaces, not both and not neither")
 
 
-def make_http_app(registry: CollectorRegistry, *, is_leader: elector.Elector) -> web.Application:
+def make_http_app(registry: CollectorRegistry, *, is_leader: elector.Elector) -> HttpApp:
     """/healthz (200 while the process serves; says whether this replica runs kopf) and /metrics."""
 
-    async def healthz(_: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "leading": is_leader.is_leader})
+    async def healthz(_: Request) -> Response:
+        return json_response({"ok": True, "leading": is_leader.is_leader})
 
-    app = web.Application()
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/metrics", make_aiohttp_handler(registry))
-    return app
+    return HttpApp({"/healthz": healthz, "/metrics": metrics_handler(registry)})
 
 
 async def run_operator(
