@@ -7,10 +7,18 @@ time, so they can never drift from what the election itself believes.
 Every series carries a `lock` label. One registry holds one set of metric families
 (`MetricFamilies`) that any number of locks plug into; an exposition must not repeat a family,
 so a second lock reuses the families instead of registering new ones.
+
+Per-lock series cost ~45 series per lock: at 10,000 locks, 450,000 series per scrape, a
+cardinality problem for Prometheus and seconds of CPU per scrape here. `MetricFamilies(...,
+per_lock=False)` exports the same counters and renew histogram WITHOUT the `lock` label (totals
+over the locks, so `sum(rate(...))` and `histogram_quantile(0.99, sum by (le) (...))` read the
+same either way) and, instead of the per-lock gauges, counts of locks: managed, led, and with
+Redis failing. The daemon picks it with `--metrics-per-lock` (see `per_lock_metrics`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -61,6 +69,18 @@ _FAILED_REQUESTS = frozenset({OutcomeKind.ACQUIRE_ERROR, OutcomeKind.RENEW_ERROR
 _ERROR_KINDS: tuple[str, ...] = tuple(kind.value for kind in BackendErrorKind)
 #: The kind of an error outcome that does not say which kind it was.
 UNKNOWN_ERROR_KIND = "unknown"
+
+
+#: `--metrics-per-lock auto` exports per-lock series up to this many locks, aggregate ones above.
+AUTO_PER_LOCK_MAX_LOCKS = 100
+METRICS_PER_LOCK_CHOICES = ("auto", "always", "never")
+
+
+def per_lock_metrics(choice: str, *, locks: int) -> bool:
+    """Whether a daemon holding `locks` locks exports per-lock series under `choice`."""
+    if choice not in METRICS_PER_LOCK_CHOICES:
+        raise ValueError(f"{choice!r} is not one of {', '.join(METRICS_PER_LOCK_CHOICES)}")
+    return choice == "always" or (choice == "auto" and locks <= AUTO_PER_LOCK_MAX_LOCKS)
 
 
 class _StatusCollector:
@@ -128,12 +148,68 @@ class _StatusCollector:
         )
 
 
+class _LockCountCollector:
+    """Aggregate mode's gauges: how many locks are managed, led, and without Redis, at scrape time."""
+
+    def __init__(self) -> None:
+        self._providers: dict[str, StatusProvider] = {}
+
+    def add(self, lock: str, status: StatusProvider) -> None:
+        self._providers[lock] = status
+
+    def discard(self, lock: str) -> None:
+        self._providers.pop(lock, None)
+
+    def describe(self) -> Iterator[Metric]:
+        yield from self._families()
+
+    def collect(self) -> Iterator[Metric]:
+        managed, leading, redis_down = families = self._families()
+        led = down = 0
+        providers = list(self._providers.values())  # a copy, as in _StatusCollector
+        for provider in providers:
+            status = provider()
+            led += status.is_leader
+            down += not status.backend_up
+        managed.add_metric([], float(len(providers)))
+        leading.add_metric([], float(led))
+        redis_down.add_metric([], float(down))
+        yield from families
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily("elector_locks", "Locks this process contends for (aggregate metrics mode)."),
+            GaugeMetricFamily(
+                "elector_locks_leading",
+                "Locks this process holds with validity left right now (aggregate metrics mode; per "
+                "lock: elector_is_leader).",
+            ),
+            GaugeMetricFamily(
+                "elector_locks_redis_down",
+                "Locks whose last exchange with Redis failed (aggregate metrics mode; per lock: "
+                "elector_redis_up == 0).",
+            ),
+        )
+
+
 def _fencing_token(status: ElectionStatus) -> int:
     if status.is_leader and status.fencing_token is not None:
         return status.fencing_token
     if status.holder is not None:
         return status.holder.fencing_token
     return 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Children:
+    transitions: Counter
+    step_downs: dict[StepDownReason, Counter]
+    acquires: dict[OutcomeKind, Counter]
+    renewals: dict[OutcomeKind, Counter]
+    renew_duration: Histogram
+    withheld: Counter
+    token_regressions: Counter
 
 
 class MetricFamilies:
@@ -143,40 +219,43 @@ class MetricFamilies:
     family per name in the exposition; build it once and hand it to each `ElectionMetrics`.
     """
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, *, per_lock: bool = True) -> None:
         self.registry = registry
+        #: False: the families carry no `lock` label and count every lock together (see the module doc).
+        self.per_lock = per_lock
+        lock = ["lock"] if per_lock else []
         # Built unregistered, then registered together, so that a clash leaves nothing behind.
         self.leader_transitions = Counter(
             "elector_leader_transitions_total",
             "Times this process became the leader (follower -> leader).",
-            ["lock"],
+            lock,
             registry=None,
         )
         self.step_downs = Counter(
             "elector_step_downs_total",
             "Times this process stopped leading, by reason (lost, renew_deadline, lease_expired, "
             "shutdown, resigned, handoff, preempted).",
-            ["lock", "reason"],
+            [*lock, "reason"],
             registry=None,
         )
         self.acquire_attempts = Counter(
             "elector_acquire_attempts_total",
             "Acquire requests sent while following, by result (acquired, held, quiet_period, "
             "stand_back, error).",
-            ["lock", "result"],
+            [*lock, "result"],
             registry=None,
         )
         self.renewals = Counter(
             "elector_renewals_total",
             "Renew requests sent while leading, by result (ok, lost, error).",
-            ["lock", "result"],
+            [*lock, "result"],
             registry=None,
         )
         self.redis_errors = Counter(
             "elector_redis_errors_total",
             "Failed Redis requests, by kind: connection, timeout, auth, data (a key of the lock "
             "holds something elector did not write: see the logs for which), server.",
-            ["lock", "kind"],
+            [*lock, "kind"],
             registry=None,
         )
         self.releases_withheld = Counter(
@@ -184,24 +263,26 @@ class MetricFamilies:
             "Step-downs whose leader work could not be stopped (the command survived SIGKILL, a "
             "library body outlived stop_work_s, the stop path raised): the lease was not released "
             "but left to lapse by its ttl.",
-            ["lock"],
+            lock,
             registry=None,
         )
         self.token_regressions = Counter(
             "elector_fencing_token_regressions_total",
             "Times this process saw a holder's fencing token lower than one it had seen before "
             "(a Redis server's clock behind after the counter was lost; see docs/fencing.md).",
-            ["lock"],
+            lock,
             registry=None,
         )
         self.renew_duration = Histogram(
             "elector_renew_duration_seconds",
             "Round trip of renew requests, seconds (failed ones included when they completed).",
-            ["lock"],
+            lock,
             buckets=RENEW_DURATION_BUCKETS_S,
             registry=None,
         )
-        self.status_collector = _StatusCollector()
+        self.status_collector: _StatusCollector | _LockCountCollector = (
+            _StatusCollector() if per_lock else _LockCountCollector()
+        )
         collectors: list[Collector] = [
             self.leader_transitions,
             self.step_downs,
@@ -228,38 +309,72 @@ class MetricFamilies:
         self._locks: set[str] = set()
         #: Error kinds counted per lock beyond the known ones, so that remove_lock drops them too.
         self._error_kinds_seen: dict[str, set[str]] = {}
+        self._shared_children: _Children | None = None
+
+    def children_of(self, lock: str) -> _Children:
+        """The series `ElectionMetrics.observe` feeds for `lock` (shared by all in aggregate mode)."""
+        if not self.per_lock and self._shared_children is not None:
+            return self._shared_children
+        key = self.labels_of(lock)
+        children = _Children(
+            # Unlabelled families are their own (only) series.
+            transitions=self.leader_transitions.labels(*key) if key else self.leader_transitions,
+            step_downs={r: self.step_downs.labels(*key, r.value) for r in StepDownReason},
+            acquires={k: self.acquire_attempts.labels(*key, v) for k, v in _ACQUIRE_RESULTS.items()},
+            renewals={k: self.renewals.labels(*key, v) for k, v in _RENEW_RESULTS.items()},
+            renew_duration=self.renew_duration.labels(*key) if key else self.renew_duration,
+            withheld=self.releases_withheld.labels(*key) if key else self.releases_withheld,
+            token_regressions=self.token_regressions.labels(*key) if key else self.token_regressions,
+        )
+        if not self.per_lock:
+            self._shared_children = children
+        return children
+
+    def labels_of(self, lock: str) -> tuple[str, ...]:
+        """The `lock` label's value of `lock`'s series: none when the series are aggregate."""
+        return (lock,) if self.per_lock else ()
 
     def count_error(self, lock: str, kind: str) -> None:
         if kind not in _ERROR_KINDS:
             self._error_kinds_seen.setdefault(lock, set()).add(kind)
-        self.redis_errors.labels(lock, kind).inc()
+        self.redis_errors.labels(*self.labels_of(lock), kind).inc()
 
     def add_lock(self, lock: str, status: StatusProvider) -> None:
         """Create every series of `lock` at 0 and start exporting its status gauges."""
         if lock in self._locks:
             raise ValueError(f"metrics for lock {lock!r} are already registered")
-        self._locks.add(lock)
-        # Series that exist from the start let rate() and absent-series alerts work at once.
-        self.leader_transitions.labels(lock)
-        for reason in StepDownReason:
-            self.step_downs.labels(lock, reason.value)
-        for result in _ACQUIRE_RESULTS.values():
-            self.acquire_attempts.labels(lock, result)
-        for result in _RENEW_RESULTS.values():
-            self.renewals.labels(lock, result)
-        for error_kind in _ERROR_KINDS:
-            self.redis_errors.labels(lock, error_kind)
-        self.releases_withheld.labels(lock)
-        self.token_regressions.labels(lock)
-        self.renew_duration.labels(lock)
         self.status_collector.add(lock, status)
+        first = not self._locks
+        self._locks.add(lock)
+        if not self.per_lock and not first:
+            return  # the aggregate series exist already
+        # Series that exist from the start let rate() and absent-series alerts work at once.
+        key = self.labels_of(lock)
+        if key:
+            # Unlabelled families are their own (only) series.
+            self.leader_transitions.labels(*key)
+            self.releases_withheld.labels(*key)
+            self.token_regressions.labels(*key)
+            self.renew_duration.labels(*key)
+        for reason in StepDownReason:
+            self.step_downs.labels(*key, reason.value)
+        for result in _ACQUIRE_RESULTS.values():
+            self.acquire_attempts.labels(*key, result)
+        for result in _RENEW_RESULTS.values():
+            self.renewals.labels(*key, result)
+        for error_kind in _ERROR_KINDS:
+            self.redis_errors.labels(*key, error_kind)
 
     def remove_lock(self, lock: str) -> None:
-        """Drop every series of `lock` (when a lock stops being managed)."""
+        """Drop every series of `lock` (when a lock stops being managed).
+
+        Aggregate series stay: they count every lock this process has managed."""
         if lock not in self._locks:
             return
         self._locks.discard(lock)
         self.status_collector.discard(lock)
+        if not self.per_lock:
+            return
         self.leader_transitions.remove(lock)
         for reason in StepDownReason:
             self.step_downs.remove(lock, reason.value)
@@ -291,15 +406,16 @@ class ElectionMetrics:
         self.families = registry if isinstance(registry, MetricFamilies) else MetricFamilies(registry)
         self.lock = lock
         self.families.add_lock(lock, status)
-        families = self.families
-        # Children resolved once: observe() runs every cycle and needs no label lookups.
-        self._transitions = families.leader_transitions.labels(lock)
-        self._step_downs = {r: families.step_downs.labels(lock, r.value) for r in StepDownReason}
-        self._acquires = {k: families.acquire_attempts.labels(lock, v) for k, v in _ACQUIRE_RESULTS.items()}
-        self._renewals = {k: families.renewals.labels(lock, v) for k, v in _RENEW_RESULTS.items()}
-        self._renew_duration = families.renew_duration.labels(lock)
-        self._withheld = families.releases_withheld.labels(lock)
-        self._token_regressions = families.token_regressions.labels(lock)
+        # Children resolved once: observe() runs every cycle and needs no label lookups. In
+        # aggregate mode every lock shares one set.
+        children = self.families.children_of(lock)
+        self._transitions = children.transitions
+        self._step_downs = children.step_downs
+        self._acquires = children.acquires
+        self._renewals = children.renewals
+        self._renew_duration = children.renew_duration
+        self._withheld = children.withheld
+        self._token_regressions = children.token_regressions
 
     def observe(self, outcome: CycleOutcome) -> None:
         """Count one cycle's outcome (an `ElectionHooks.on_outcome` hook)."""

@@ -24,6 +24,14 @@ thousand renewals fall due at one instant the last ones wait for all of them (te
 small machine, see bench/many_locks.py); spread renewals keep batches small and replies prompt.
 A linger (`linger_s`) trades latency for fewer round trips when calls are spread: off by default.
 
+Flush spacing (`min_flush_interval_s`, on by default): a batch goes out at most once per this
+interval. A call that finds no batch sent within the interval goes out at once (the lone renewal
+of a single-lock daemon, a handoff's acquire: no added latency); a call that comes sooner waits
+for the rest of the interval, collecting the others that come meanwhile. A daemon of 10,000
+locks makes ~3,300 calls a second, spread evenly: sent one by one, each costs a write, a read
+and redis-py's per-command bookkeeping (most of a renewal's CPU, and the kernel's send() alone
+is 0.1-0.2 ms on a small VM); spaced by 2 ms they go out ~7 at a time, each waiting 2 ms at most.
+
 Calls made with `ack` (--min-replicas-ack, see replication.py) get a WAIT appended to their
 pipeline: one WAIT at the end covers every write of the batch, since WAIT waits for all writes
 of its connection. Such callers get `(reply, replicas_acknowledged)`.
@@ -34,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,6 +52,9 @@ from redis.exceptions import NoScriptError
 from redis.typing import EncodableT, KeyT
 
 from elector.backend.replication import ReplicaAck, acknowledged, run_script_acked
+
+#: Default flush spacing, seconds (see the module doc): the most a call waits for others to join.
+DEFAULT_MIN_FLUSH_INTERVAL_S = 0.002
 
 #: Upper bound of the commands in one pipeline: a bigger burst is split, so that one slow batch
 #: holds no more than this many callers, and Redis answers each batch without a long stall.
@@ -75,13 +87,21 @@ class ScriptBatcher:
     """Sends the script calls of one event-loop iteration as one pipeline."""
 
     def __init__(
-        self, client: redis.asyncio.Redis, *, max_batch: int = DEFAULT_MAX_BATCH, linger_s: float = 0.0
+        self,
+        client: redis.asyncio.Redis,
+        *,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        linger_s: float = 0.0,
+        min_flush_interval_s: float = DEFAULT_MIN_FLUSH_INTERVAL_S,
     ) -> None:
-        if max_batch < 1 or linger_s < 0:
-            raise ValueError("max_batch must be positive and linger_s not negative")
+        if max_batch < 1 or linger_s < 0 or min_flush_interval_s < 0:
+            raise ValueError("max_batch must be positive, linger_s and min_flush_interval_s not negative")
         self._client = client
         self._max_batch = max_batch
         self._linger_s = linger_s
+        self._min_flush_interval_s = min_flush_interval_s
+        #: Loop time of the last flush.
+        self._flushed_at = -math.inf
         self._queue: list[_Call] = []
         self._flush_handle: asyncio.Handle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -108,8 +128,9 @@ class ScriptBatcher:
         elif self._flush_handle is None:
             # call_soon runs after every callback already queued for this iteration, so all
             # the calls made meanwhile (timers that fired together) join this batch.
-            if self._linger_s > 0:
-                self._flush_handle = loop.call_later(self._linger_s, self._flush)
+            delay_s = max(self._linger_s, self._flushed_at + self._min_flush_interval_s - loop.time())
+            if delay_s > 0:
+                self._flush_handle = loop.call_later(delay_s, self._flush)
             else:
                 self._flush_handle = loop.call_soon(self._flush)
         return await future
@@ -129,6 +150,7 @@ class ScriptBatcher:
         calls = [call for call in self._queue if not call.future.done()]
         self._queue = []
         loop = asyncio.get_running_loop()
+        self._flushed_at = loop.time()
         for start in range(0, len(calls), self._max_batch):
             task = loop.create_task(self._execute(calls[start : start + self._max_batch]))
             self._tasks.add(task)

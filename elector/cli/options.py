@@ -357,6 +357,15 @@ RUN_OPTIONS = (
         "With several locks, put {lock} in the path.",
     ),
     Option(
+        "metrics_per_lock",
+        type=click.Choice(["auto", "always", "never"]),
+        default="auto",
+        help="Series per lock on /metrics (a `lock` label), or aggregate ones: the same counters and "
+        "renew histogram without the label, plus elector_locks, elector_locks_leading and "
+        "elector_locks_redis_down instead of the per-lock gauges. auto: per lock up to 100 locks "
+        "(~45 series each), aggregate above.",
+    ),
+    Option(
         "kill_grace",
         type=DURATION,
         help="Exec mode: SIGTERM to SIGKILL grace for the command. Default: 0.2 x ttl, within what "

@@ -33,6 +33,7 @@ from elector.lease import (
     check_ttl,
     default_identity,
 )
+from elector.metrics import METRICS_PER_LOCK_CHOICES, per_lock_metrics
 
 #: Longest --shutdown-linger: longer than any sane scrape interval, short of a stuck rollout.
 MAX_SHUTDOWN_LINGER_S = 300.0
@@ -136,6 +137,13 @@ class Settings:
     #: Where to keep the current state for sidecars; `{lock}` is replaced by the lock's name.
     leader_file: str | None = None
     exec: ExecSettings | None = None
+    #: --metrics-per-lock: auto, always or never (see `per_lock_metrics`).
+    metrics_per_lock: str = "auto"
+
+    @property
+    def per_lock_metrics(self) -> bool:
+        """Whether /metrics has series per lock, or aggregate ones (see elector/metrics.py)."""
+        return per_lock_metrics(self.metrics_per_lock, locks=len(self.locks))
 
     @property
     def lock(self) -> str:
@@ -290,6 +298,7 @@ def build_settings(
     kill_grace: float | None = None,
     on_child_exit: str = "release",
     shutdown_linger: float = 0.0,
+    metrics_per_lock: str = "auto",
 ) -> Settings:
     """Assemble and check every setting; raises SettingsError naming the first bad one.
 
@@ -358,6 +367,11 @@ def build_settings(
             f"must be between 0s and {MAX_SHUTDOWN_LINGER_S:g}s (a scrape interval), "
             f"got {shutdown_linger * 1000:g}ms",
         )
+    if metrics_per_lock not in METRICS_PER_LOCK_CHOICES:
+        raise SettingsError(
+            "metrics_per_lock",
+            f"{metrics_per_lock!r} is not one of {', '.join(METRICS_PER_LOCK_CHOICES)}",
+        )
     return Settings(
         locks=locks,
         identity=identity,
@@ -370,6 +384,7 @@ def build_settings(
         priority=priority,
         leader_file=leader_file,
         exec=exec_settings,
+        metrics_per_lock=metrics_per_lock,
     )
 
 

@@ -217,12 +217,27 @@ class Election:
             self._resign_stand_back_s = stand_back_s
             self._wakeup.set()
 
-    async def run(self) -> None:
-        """Contend, lead and step down until `stop()`; returns after releasing a held lease."""
+    async def run(self, *, start_delay_s: float = 0.0) -> None:
+        """Contend, lead and step down until `stop()`; returns after releasing a held lease.
+
+        `start_delay_s`: wait this long before subscribing and the first try (a stop meanwhile
+        ends the run without any request). A daemon of many locks spreads their starts with it,
+        so that neither their subscriptions, nor their acquisitions, nor (hence) their renewals
+        fall due together.
+        """
+        if start_delay_s < 0:
+            raise ValueError(f"start_delay_s must not be negative, got {start_delay_s}")
         self._started = True
         self._stop_hook_called = False
-        listener = asyncio.create_task(self._listen(), name=f"elector:{self.lock}:announcements")
+        listener: asyncio.Task[None] | None = None
         try:
+            if start_delay_s > 0:
+                start_at = self._clock() + start_delay_s
+                self._cycle_due_by = start_at + 2 * self._timing.request_timeout_s
+                await self._sleep_until(start_at)
+                if self._stop_requested:
+                    return  # nothing was tried, nothing registered: the run's own end follows
+            listener = asyncio.create_task(self._listen(), name=f"elector:{self.lock}:announcements")
             # Subscribe before the first try, so that no release can slip in between. Without a
             # subscription we still work, only slower to notice releases.
             self._cycle_due_by = self._clock() + 2 * self._timing.request_timeout_s
@@ -247,9 +262,10 @@ class Election:
                     continue
                 await self._sleep_until(outcome.next_cycle_at)
         finally:
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await listener
+            if listener is not None:
+                listener.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await listener
             if self._lease is not None:
                 # Cancelled while leading (a second signal, the owner gave up): the lease is not
                 # released, but leader work must still be told to stop, always.
@@ -715,9 +731,14 @@ class Election:
             self._wakeup.clear()
             if self._events or self._resubscribed:
                 continue
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):
-                    await self._wakeup.wait()
+            # A timer that sets the event, rather than asyncio.timeout: a timeout cancels the
+            # task and raises through it, which costs more than the rest of a renewal's cycle
+            # in a daemon of thousands of locks.
+            timer = asyncio.get_running_loop().call_later(remaining, self._wakeup.set)
+            try:
+                await self._wakeup.wait()
+            finally:
+                timer.cancel()
 
     def _handle_announcements(self) -> bool:
         """Apply queued announcements; True when the next cycle should run now."""

@@ -227,3 +227,27 @@ async def test_the_lease_scripts_run_the_same_with_and_without_a_batcher(client_
     assert batcher.stats.calls == 4
     assert scripts.LockKeys("jobs").lease.encode() not in await raw.keys("*")
     await batcher.aclose()
+
+
+async def test_calls_closer_than_the_flush_spacing_share_a_pipeline(client_for) -> None:
+    """A call right after a flush waits out the spacing, and the calls meanwhile join it; a call
+    after a quiet spell goes out at once (no batch was sent within the spacing)."""
+    client = client_for()
+    batcher = ScriptBatcher(client, min_flush_interval_s=0.2)
+    script = client.register_script("return ARGV[1]")
+    assert await batcher.run_script(script, args=["warm"]) == b"warm"  # loads the script
+    await asyncio.sleep(0.3)
+    pipelines, largest = batcher.stats.pipelines, batcher.stats.largest_batch
+    first = asyncio.ensure_future(batcher.run_script(script, args=["a"]))
+    await asyncio.sleep(0)  # the first call's own iteration: sent alone, at once
+    second = asyncio.ensure_future(batcher.run_script(script, args=["b"]))
+    await asyncio.sleep(0.01)  # a later iteration, within the spacing
+    third = asyncio.ensure_future(batcher.run_script(script, args=["c"]))
+    assert await asyncio.gather(first, second, third) == [b"a", b"b", b"c"]
+    assert batcher.stats.pipelines == pipelines + 2
+    assert batcher.stats.largest_batch == max(largest, 2)
+
+
+async def test_a_negative_flush_spacing_is_refused(client_for) -> None:
+    with pytest.raises(ValueError, match="min_flush_interval_s"):
+        ScriptBatcher(client_for(), min_flush_interval_s=-1)
