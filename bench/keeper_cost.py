@@ -9,27 +9,43 @@ the runs. Time: the two halves of a handoff that the keeper sits in, each run A/
 `ChildSupervisor`, once spawning the command directly and once under a keeper:
 
 * start: from `start()` to the command's first act (it writes CLOCK_BOOTTIME first thing);
-* stop: `stop()` of a command that exits on SIGTERM, until the tree is gone and reaped.
+* stop: `stop()` of a command that exits on SIGTERM, until the tree is gone and reaped;
+
+and a third variant, a keeper parked ahead of time (as a follower's is) and launched by `start()`,
+whose memory is measured while it waits.
 
 And the keeper's CPU while the command runs: user + system time over `--idle-s` seconds of a
 term with a renewal every 0.6 s (0.3 x a 2 s ttl), as CPU milliseconds per minute.
 
 The keeper is started with `python -I -S` (no site-packages), so its start-up is a bare
 interpreter's. The runs alternate A and B, so that a busy machine weighs on both alike.
+
+    python -m bench.keeper_cost --handoff [--rounds N]
+
+The whole exec-mode handoff, for development (the official figures are bench/peers.py's): three
+`elector run` daemons at ttl 2 s on a private redis-server, each running a tiny Python command that
+appends `time.time()` to a journal first thing. The leader's daemon gets SIGTERM N times; each
+sample is SIGTERM -> the next leader's journal line. The spawn floor is Popen of the same command
+-> its journal line.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import random
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from elector.daemon.execmode.keeper import KeeperLink, boottime
+from elector.daemon.execmode.keeper import boottime
+from elector.daemon.execmode.keeper_link import KeeperLink
 from elector.daemon.execmode.supervisor import ChildSupervisor
 
 #: Records the command's first moment (CLOCK_BOOTTIME, the keeper's clock), then waits for TERM.
@@ -75,17 +91,26 @@ async def _wait_file(path: Path, *, timeout_s: float = 10.0) -> float:
     raise RuntimeError(f"the command did not start within {timeout_s}s")
 
 
-async def one_run(directory: Path, *, keeper: bool) -> tuple[float, float, tuple[int, int] | None]:
-    """(start seconds, stop seconds, keeper (RSS KiB, PSS KiB) or None)."""
+async def one_run(
+    directory: Path, *, keeper: bool, parked: bool = False
+) -> tuple[float, float, tuple[int, int] | None]:
+    """(start seconds, stop seconds, keeper (RSS KiB, PSS KiB) or None). `parked`: the keeper is
+    parked first (as a follower's is) and its memory measured while it waits."""
     marker = directory / f"started-{time.monotonic_ns()}"
     supervisor = ChildSupervisor(
         [sys.executable, "-c", COMMAND, str(marker)], kill_grace_s=2.0, on_exit=lambda _: None
     )
+    memory = None
+    if parked:
+        await supervisor.park(keeper=KeeperLink.parked(kill_grace_s=2.0, margin_s=2.1), env=dict(os.environ))
+        await asyncio.sleep(0.5)
+        pid = supervisor.parked_pid
+        assert pid is not None
+        memory = (_status_kib(pid, "VmRSS"), _pss_kib(pid))
     began = boottime()
     await supervisor.start(env={}, keeper=_link() if keeper else None)
     start_s = await _wait_file(marker) - began
-    memory = None
-    if keeper:
+    if keeper and not parked:
         await asyncio.sleep(0.5)
         pid = supervisor.pid
         assert pid is not None
@@ -99,7 +124,8 @@ async def one_run(directory: Path, *, keeper: bool) -> tuple[float, float, tuple
 
 
 async def measure(runs: int) -> dict[str, list[float]]:
-    results: dict[str, list[float]] = {k: [] for k in ("start", "start_k", "stop", "stop_k", "rss", "pss")}
+    names = ("start", "start_k", "start_p", "stop", "stop_k", "stop_p", "rss", "pss", "rss_p", "pss_p")
+    results: dict[str, list[float]] = {k: [] for k in names}
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         await one_run(directory, keeper=True)  # warm-up: the page cache, the first imports
@@ -113,6 +139,12 @@ async def measure(runs: int) -> dict[str, list[float]]:
             assert memory is not None
             results["rss"].append(memory[0] / 1024)
             results["pss"].append(memory[1] / 1024)
+            start_s, stop_s, memory = await one_run(directory, keeper=True, parked=True)
+            results["start_p"].append(start_s)
+            results["stop_p"].append(stop_s)
+            assert memory is not None
+            results["rss_p"].append(memory[0] / 1024)
+            results["pss_p"].append(memory[1] / 1024)
     return results
 
 
@@ -144,17 +176,20 @@ def table(results: dict[str, list[float]], runs: int) -> str:
     def mib(values: list[float]) -> str:
         return f"{statistics.median(values):.1f} MiB"
 
+    def cost(key: str, base: str) -> str:
+        return f"{(statistics.median(results[key]) - statistics.median(results[base])) * 1000:+.1f} ms"
+
     rows = [
         ("command start (spawn to first act)", ms(results["start"]), ms(results["start_k"]),
-         f"{(statistics.median(results['start_k']) - statistics.median(results['start'])) * 1000:+.1f} ms"),
+         cost("start_k", "start"), ms(results["start_p"]), cost("start_p", "start")),
         ("command stop (SIGTERM honoured, reaped)", ms(results["stop"]), ms(results["stop_k"]),
-         f"{(statistics.median(results['stop_k']) - statistics.median(results['stop'])) * 1000:+.1f} ms"),
-        ("keeper resident set (VmRSS)", "-", mib(results["rss"]), ""),
-        ("keeper proportional set (Pss)", "-", mib(results["pss"]), ""),
-        ("keeper CPU while the command runs", "-", f"{results['cpu'][0]:.0f} ms/min", ""),
+         cost("stop_k", "stop"), ms(results["stop_p"]), cost("stop_p", "stop")),
+        ("keeper resident set (VmRSS)", "-", mib(results["rss"]), "", mib(results["rss_p"]), "parked"),
+        ("keeper proportional set (Pss)", "-", mib(results["pss"]), "", mib(results["pss_p"]), "parked"),
+        ("keeper CPU while the command runs", "-", f"{results['cpu'][0]:.0f} ms/min", "", "", ""),
     ]  # fmt: skip
-    header = ("measure", "direct", "under a keeper", "cost")
-    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(4)]
+    header = ("measure", "direct", "under a keeper", "cost", "parked keeper", "cost")
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     lines = [f"keeper cost: medians of {runs} alternating runs each, on {os.cpu_count()} cores"]
     for i, row in enumerate([header, *rows]):
         lines.append(
@@ -165,11 +200,123 @@ def table(results: dict[str, list[float]], runs: int) -> str:
     return "\n".join(lines)
 
 
+#: Appends "wall-clock identity" to the journal first thing, then waits for SIGTERM.
+JOURNAL_COMMAND = (
+    "import os, sys, time; t = time.time(); f = open(sys.argv[1], 'a'); "
+    'f.write(f\'{t!r} {os.environ.get("ELECTOR_IDENTITY", "floor")}\\n\'); f.close(); time.sleep(1000)'
+)
+
+
+def _journal(path: Path) -> list[tuple[float, str]]:
+    lines = []
+    for line in _read(path).splitlines():
+        stamp, _, who = line.partition(" ")
+        with contextlib.suppress(ValueError):
+            lines.append((float(stamp), who))
+    return lines
+
+
+def _wait_journal(path: Path, count: int, *, timeout_s: float = 20.0) -> tuple[float, str]:
+    """The `count`-th journal line, polled every ms."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        lines = _journal(path)
+        if len(lines) >= count:
+            return lines[count - 1]
+        time.sleep(0.001)
+    raise RuntimeError(f"no journal line {count} within {timeout_s}s")
+
+
+def spawn_floor(directory: Path, runs: int) -> list[float]:
+    """Popen of the journal command -> its first line."""
+    samples = []
+    for i in range(runs + 1):
+        journal = directory / f"floor-{i}"
+        began = time.time()
+        proc = subprocess.Popen([sys.executable, "-c", JOURNAL_COMMAND, str(journal)])
+        stamp, _ = _wait_journal(journal, 1)
+        proc.terminate()
+        proc.wait()
+        if i:  # the first run warms the page cache
+            samples.append(stamp - began)
+    return samples
+
+
+def handoff(rounds: int) -> tuple[list[float], list[float]]:
+    """(SIGTERM -> next leader's first journal line per round, the spawn floor per run)."""
+    from bench.common import Daemon, RedisLab  # imports redis: only here
+
+    lock = "bench-keeper-handoff"
+    with tempfile.TemporaryDirectory() as tmp, RedisLab() as lab:
+        directory = Path(tmp)
+        floor = spawn_floor(directory, rounds)
+        journal = directory / "journal"
+        lab.seed(lock)
+
+        def daemon(identity: str, incarnation: int) -> Daemon:
+            return Daemon(
+                python=sys.executable, redis_url=lab.url, lock=lock, identity=identity, ttl="2s",
+                log_path=directory / f"{identity}-{incarnation}.log",
+                extra_args=["--", sys.executable, "-c", JOURNAL_COMMAND, str(journal)],
+            ).start()  # fmt: skip
+
+        daemons = {name: daemon(name, 0) for name in ("a", "b", "c")}
+        samples: list[float] = []
+        try:
+            _, first = _wait_journal(journal, 1)
+            for d in daemons.values():
+                if d.identity != first:
+                    d.wait_following()
+            for round_no in range(1, rounds + 1):
+                time.sleep(random.uniform(0.3, 1.0))
+                lines = _journal(journal)
+                leader = daemons[lines[-1][1]]
+                signalled_at = time.time()
+                os.kill(leader.pid, signal.SIGTERM)
+                stamp, who = _wait_journal(journal, len(lines) + 1)
+                if who == leader.identity:
+                    raise RuntimeError(f"{who} started the command again after SIGTERM")
+                samples.append(stamp - signalled_at)
+                assert leader.proc is not None
+                if leader.proc.wait(timeout=10) != 0:
+                    raise RuntimeError(f"{leader.identity} exited {leader.proc.returncode} after SIGTERM")
+                leader.stop()
+                replacement = daemon(leader.identity, round_no)
+                daemons[leader.identity] = replacement
+                replacement.wait_event("new_leader_observed", timeout_s=15)
+        finally:
+            for d in daemons.values():
+                d.stop()
+    return samples, floor
+
+
+def handoff_table(samples: list[float], floor: list[float]) -> str:
+    from bench.common import percentile
+
+    def ms(values: list[float], p: float) -> str:
+        return f"{percentile(values, p) * 1000:.1f} ms"
+
+    floor_ms = statistics.median(floor) * 1000
+    return "\n".join([
+        f"exec-mode handoff, 3 daemons at ttl 2 s, {len(samples)} rounds, on {os.cpu_count()} cores",
+        f"  spawn floor (Popen -> first line):    p50 {ms(floor, 50)}  p99 {ms(floor, 99)}",
+        f"  SIGTERM -> new leader's first line:   p50 {ms(samples, 50)}  p99 {ms(samples, 99)}"
+        f"  (max {max(samples) * 1000:.1f} ms)",
+        f"  targets: p50 <= {floor_ms + 6:.1f} ms, p99 <= {floor_ms + 15:.1f} ms (floor p50 + 6 / + 15)",
+        "  samples (ms): " + " ".join(f"{s * 1000:.0f}" for s in samples),
+    ])  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.keeper_cost", description=__doc__)
     parser.add_argument("--runs", type=int, default=20, help="runs of each variant (default 20)")
     parser.add_argument("--idle-s", type=float, default=30.0, help="CPU measuring window (default 30)")
+    parser.add_argument("--handoff", action="store_true", help="measure the whole exec-mode handoff instead")
+    parser.add_argument("--rounds", type=int, default=20, help="--handoff: SIGTERMs (default 20)")
     args = parser.parse_args(argv)
+    if args.handoff:
+        print(handoff_table(*handoff(args.rounds)))
+        return
     if args.runs < 1 or args.idle_s <= 0:
         parser.error("--runs must be at least 1 and --idle-s positive")
     results = asyncio.run(measure(args.runs))

@@ -24,9 +24,15 @@ keeper closes that gap without depending on the daemon:
   and, the keeper being a child subreaper, every process reparented to it (escaped daemons).
 * When the command exits by itself the keeper stops what it left behind (TERM, KILL after the
   grace) before exiting, so no leftover runs unwatched.
+* Parked (`--parked`): the daemon starts a keeper ahead of time, while it does not lead, so that
+  an acquisition costs no interpreter start. It waits on its pipe for the start order
+  (`encode_start`: the first validity end and the command's environment, in one write) and then
+  spawns the command at once. Without a whole order it never spawns: EOF, the parent's death,
+  SIGTERM or a malformed order end it quietly (exit 0, or 2 for a malformed order).
 
 Standard library only, and no `elector` imports: it is started with `python -I -S` and costs a
-bare interpreter's memory (see bench/keeper_cost.py). The daemon side is `KeeperLink`.
+bare interpreter's memory (see bench/keeper_cost.py). The daemon side is `KeeperLink`
+(keeper_link.py).
 
 PR_SET_PDEATHSIG fires when the *thread* that forked the keeper exits: the daemon spawns it from
 its event loop's thread, which lives as long as the daemon (from a short-lived thread the keeper
@@ -43,7 +49,7 @@ import select
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 
 def _boottime_clock_id() -> int | None:
@@ -74,6 +80,13 @@ MAX_WAIT_S = 0.25
 STOP_POLL_S = 0.01
 #: The longest validity line accepted; anything longer is garbage, not a deadline.
 _MAX_LINE = 64
+#: The start order: its header line's longest length, and the largest environment it may carry
+#: (execve itself refuses more than a few MiB of environment).
+_MAX_HEADER = 64
+MAX_START_ENV = 16 * 1024 * 1024
+#: A parked keeper looks at its parent this often even without a wake-up (PR_SET_PDEATHSIG may be
+#: missing); signals and the pipe wake it at once.
+PARKED_WAIT_S = 30.0
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
 EXIT_CANNOT_START = 127
 
@@ -172,6 +185,50 @@ class LineReader:
         return values
 
 
+def encode_start(valid_until: float, env: Mapping[str, str]) -> bytes:
+    """The start order of a parked keeper: `start VALID_UNTIL SIZE\\n`, then SIZE bytes of
+    environment, `KEY=VALUE` entries separated by NUL bytes (neither may hold a NUL)."""
+    if not math.isfinite(valid_until):
+        raise ValueError(f"valid_until must be a finite clock reading, not {valid_until!r}")
+    entries = []
+    for key, value in env.items():
+        raw_key, raw_value = os.fsencode(key), os.fsencode(value)
+        if not raw_key or b"=" in raw_key or b"\0" in raw_key or b"\0" in raw_value:
+            raise ValueError(f"illegal environment variable {key!r}")
+        entries.append(raw_key + b"=" + raw_value)
+    payload = b"\0".join(entries)
+    return b"start %s %d\n" % (repr(float(valid_until)).encode(), len(payload)) + payload
+
+
+def decode_start(buffer: bytes) -> tuple[float, dict[str, str], bytes] | None:
+    """(valid_until, environment, the bytes after the order) from what the pipe gave so far;
+    None while the order is incomplete; ValueError when it is not one."""
+    end = buffer.find(b"\n")
+    if end < 0:
+        if len(buffer) > _MAX_HEADER:
+            raise ValueError("no start order header")
+        return None
+    words = buffer[:end].split(b" ")
+    if len(words) != 3 or words[0] != b"start":
+        raise ValueError("not a start order")
+    try:
+        valid_until, size = float(words[1]), int(words[2])
+    except ValueError:
+        raise ValueError("a start order takes a number and a size") from None
+    if not math.isfinite(valid_until) or not 0 <= size <= MAX_START_ENV:
+        raise ValueError("a start order's validity end or size is out of range")
+    body = buffer[end + 1 :]
+    if len(body) < size:
+        return None
+    env = {}
+    for entry in body[:size].split(b"\0") if size else ():
+        key, sep, value = entry.partition(b"=")
+        if not sep or not key:
+            raise ValueError("a start order's environment entry has no name")
+        env[os.fsdecode(key)] = os.fsdecode(value)
+    return valid_until, env, body[size:]
+
+
 def _log(event: str, **fields: object) -> None:
     """One JSON line on stderr, like the daemon's own (numbers and plain words only)."""
     parts = [f'"event":"{event}"', '"logger":"elector.keeper"', f'"pid":{os.getpid()}']
@@ -188,8 +245,11 @@ def _log(event: str, **fields: object) -> None:
 def _stat(pid: int) -> tuple[str, int, int, int] | None:
     """(state, ppid, pgid, sid) of a process, None when it is gone."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            raw = file.read()
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)  # a third of open()'s cost
+        try:
+            raw = os.read(fd, 4096)
+        finally:
+            os.close(fd)
         fields = raw[raw.rindex(b")") + 2 :].split()
         return fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3])
     except (OSError, ValueError, IndexError):
@@ -275,6 +335,11 @@ class Keeper:
             signal.signal(getattr(signal, name), signal.SIG_IGN)
 
     def start(self) -> None:
+        self.prepare()
+        self.spawn()
+
+    def prepare(self) -> None:
+        """Everything before the spawn: signals, the pipe, subreaper and parent-death signal."""
         self._install_signals()
         if self.control_fd is not None:
             os.set_inheritable(self.control_fd, False)  # the command must not hold the daemon's pipe
@@ -282,6 +347,15 @@ class Keeper:
         _prctl(_PR_SET_CHILD_SUBREAPER, 1)
         if _prctl(_PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL) and os.getppid() != self.parent_pid:
             self._parent_gone = True  # it died before the death signal was armed
+
+    def spawn(self, env: Mapping[str, str] | None = None) -> None:
+        """Start the command with `env` (ours by default) in our process group."""
+        if env is not None and env.get("PATH") != os.environ.get("PATH"):
+            # posix_spawnp searches the caller's PATH, not the new environment's: use the command's.
+            if "PATH" in env:
+                os.environ["PATH"] = env["PATH"]
+            else:
+                os.environ.pop("PATH", None)
         # Python itself ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across
         # exec: reset them as subprocess does, or `yes | head` in the command would spin on EPIPE.
         defaults = [
@@ -289,8 +363,57 @@ class Keeper:
             signal.SIGPIPE, signal.SIGXFSZ,
         ]  # fmt: skip
         self.child_pid = os.posix_spawnp(
-            self.command[0], self.command, os.environ, setsigdef=defaults, setsigmask=()
+            self.command[0],
+            self.command,
+            os.environ if env is None else env,
+            setsigdef=defaults,
+            setsigmask=(),
         )
+
+    def park(self) -> dict[str, str] | None:
+        """Parked: wait for the start order, then take its validity end as the schedule's; the
+        command's environment, or None (start nothing) after EOF, the parent's death, SIGTERM or
+        a malformed order. Call after `prepare()`."""
+        buffer = b""
+        while True:
+            if self._term_seen or self._parent_gone or os.getppid() != self.parent_pid:
+                return None
+            data = self._read_some()
+            if data == b"":
+                return None  # EOF: the daemon closed the pipe (or died) before any order
+            if data:
+                buffer += data
+                try:
+                    order = decode_start(buffer)
+                except ValueError as exc:
+                    _log("keeper_bad_start", error=str(exc))
+                    raise
+                if order is not None:
+                    valid_until, env, rest = order
+                    self.schedule = Schedule(
+                        valid_until=valid_until,
+                        kill_grace_s=self.schedule.kill_grace_s,
+                        margin_s=self.schedule.margin_s,
+                    )
+                    for later in self._reader.feed(rest):  # renewals written right after the order
+                        self.schedule.extend(later)
+                    return env
+                continue  # the rest of a long order may already be there
+            self._wait(PARKED_WAIT_S)
+
+    def _read_some(self) -> bytes | None:
+        """What the pipe holds now (b"" at EOF), None when it holds nothing yet."""
+        if self.control_fd is None:
+            return b""
+        while True:
+            try:
+                return os.read(self.control_fd, 65536)
+            except BlockingIOError:
+                return None
+            except InterruptedError:
+                continue
+            except OSError:
+                return b""
 
     def run(self) -> int:
         """Watch until the command and its tree are gone; the command's wait status."""
@@ -405,15 +528,20 @@ def exit_like(status: int) -> None:
 
 
 def parse_args(argv: Sequence[str]) -> tuple[dict[str, float], list[str]]:
-    """`--control-fd N --parent-pid P --valid-until T --kill-grace-s G --margin-s M -- COMMAND...`"""
+    """`--control-fd N --parent-pid P (--valid-until T | --parked) --kill-grace-s G --margin-s M
+    -- COMMAND...`; `--parked` shows as `values["parked"] == 1.0`."""
     if "--" not in argv:
         raise ValueError("no command: the arguments must end with -- COMMAND [ARGS...]")
     split = list(argv).index("--")
     options, command = list(argv[:split]), list(argv[split + 1 :])
     if not command:
         raise ValueError("the command after -- is empty")
-    names = ("--control-fd", "--parent-pid", "--valid-until", "--kill-grace-s", "--margin-s")
     values: dict[str, float] = {}
+    if "--parked" in options:
+        options.remove("--parked")
+        values["parked"] = 1.0
+    names: tuple[str, ...] = ("--control-fd", "--parent-pid", "--kill-grace-s", "--margin-s")
+    names += () if values else ("--valid-until",)
     while options:
         name = options.pop(0)
         if name not in names or not options:
@@ -431,8 +559,10 @@ def parse_args(argv: Sequence[str]) -> tuple[dict[str, float], list[str]]:
 def main(argv: Sequence[str]) -> None:
     try:
         values, command = parse_args(argv)
+        parked = "parked" in values
         schedule = Schedule(
-            valid_until=values["valid_until"],
+            # Parked: a stand-in, replaced by the start order's before anything runs.
+            valid_until=boottime() if parked else values["valid_until"],
             kill_grace_s=values["kill_grace_s"],
             margin_s=values["margin_s"],
         )
@@ -442,77 +572,22 @@ def main(argv: Sequence[str]) -> None:
     keeper = Keeper(
         command, schedule=schedule, control_fd=int(values["control_fd"]), parent_pid=int(values["parent_pid"])
     )
+    env = None
     try:
-        keeper.start()
+        keeper.prepare()
+        if parked:
+            try:
+                env = keeper.park()
+            except ValueError:
+                os._exit(2)
+            if env is None:
+                os._exit(0)  # parked and never ordered to start: nothing ran, nothing to report
+        keeper.spawn(env)
     except OSError as exc:
         _log("keeper_cannot_start", command=command[0], error=exc.strerror or str(exc))
         os._exit(EXIT_CANNOT_START)
     exit_like(keeper.run())
 
 
-# -- the daemon's side -------------------------------------------------------------------------
-
-#: Loads this file in a bare interpreter (-I: no environment, -S: no site-packages) through the
-#: import system, so that its cached bytecode is used, under a name of its own (not `elector`).
-_BOOTSTRAP = (
-    "import sys, importlib.util as util; path = sys.argv.pop(1); "
-    "spec = util.spec_from_file_location('elector_keeper', path); keeper = util.module_from_spec(spec); "
-    "spec.loader.exec_module(keeper); keeper.main(sys.argv[1:])"
-)
-
-
-class KeeperLink:
-    """The daemon's end of one keeper: the argv that starts it, and the pipe that feeds it.
-
-    Make one per run of the command; pass `read_fd` to the child (pass_fds) and call
-    `spawned()` after the spawn. `send` never blocks: a full pipe (a keeper that does not read)
-    drops the update, which can only make the keeper stop the command earlier.
-    """
-
-    def __init__(self, *, valid_until: float, kill_grace_s: float, margin_s: float) -> None:
-        Schedule(valid_until=valid_until, kill_grace_s=kill_grace_s, margin_s=margin_s)  # checks them
-        self.valid_until = valid_until
-        self.kill_grace_s = kill_grace_s
-        self.margin_s = margin_s
-        self.read_fd, self._write_fd = os.pipe()
-        os.set_blocking(self._write_fd, False)
-        self.dropped = 0
-
-    def argv(self, command: Sequence[str]) -> list[str]:
-        return [
-            sys.executable, "-I", "-S", "-c", _BOOTSTRAP, os.path.abspath(__file__),
-            "--control-fd", str(self.read_fd),
-            "--parent-pid", str(os.getpid()),
-            "--valid-until", repr(self.valid_until),
-            "--kill-grace-s", repr(self.kill_grace_s),
-            "--margin-s", repr(self.margin_s),
-            "--", *command,
-        ]  # fmt: skip
-
-    def spawned(self) -> None:
-        """The keeper holds its end now: ours must go, or its EOF would never come."""
-        if self.read_fd >= 0:
-            os.close(self.read_fd)
-            self.read_fd = -1
-
-    def send(self, valid_until: float) -> bool:
-        """Hand the keeper a fresh validity end; False if it could not take it now."""
-        if self._write_fd < 0 or valid_until <= self.valid_until:
-            return False
-        try:
-            os.write(self._write_fd, f"{valid_until!r}\n".encode())  # < PIPE_BUF: all or nothing
-        except OSError:  # full (BlockingIOError), or the keeper is gone (BrokenPipeError)
-            self.dropped += 1
-            return False
-        self.valid_until = valid_until
-        return True
-
-    def close(self) -> None:
-        self.spawned()
-        if self._write_fd >= 0:
-            os.close(self._write_fd)
-            self._write_fd = -1
-
-
-if __name__ == "__main__":  # `python elector/daemon/execmode/keeper.py ...`; the daemon uses _BOOTSTRAP
+if __name__ == "__main__":  # `python elector/daemon/execmode/keeper.py ...`; the daemon uses keeper_link.py
     main(sys.argv[1:])

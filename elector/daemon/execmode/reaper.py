@@ -95,8 +95,11 @@ class OrphanReaper:
 
     async def _sweep_forever(self) -> None:
         while True:
+            # asyncio.timeout, not wait_for: in 3.11 wait_for loses a cancel that comes as the
+            # wait ends (a SIGCHLD as stop() cancels us), and stop() would wait forever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.sweep_interval_s)
+                async with asyncio.timeout(self.sweep_interval_s):
+                    await self._wake.wait()
             self._wake.clear()
             if self._children.spawning:
                 # A child is being forked, its pid not yet protected: look again right after.

@@ -12,7 +12,10 @@ the command's code.
 
 The command runs under a keeper (elector/daemon/execmode/keeper.py) that kills it by the lease's deadline even
 when this daemon is SIGKILLed, frozen or its event loop stalls: `observe` (an outcome hook)
-passes every renewal's validity end on. Other safety rules:
+passes every renewal's validity end on. While not leading, a keeper is kept parked (started and
+waiting for its start order: `ChildSupervisor.park`), so that an acquisition does not wait for an
+interpreter to start; it is (re)started from `observe`, after a cycle that did not lead, so off
+the path from a step-down to its release. Not after a shutdown's step-down. Other safety rules:
 
 * A step-down whose reason means the lease may already be gone (`lost`, `lease_expired`) kills
   the command at once, without the grace.
@@ -33,7 +36,7 @@ from typing import Protocol
 import structlog
 
 from elector.backoff import Backoff
-from elector.daemon.execmode.keeper import KeeperLink
+from elector.daemon.execmode.keeper_link import KeeperLink
 from elector.daemon.execmode.supervisor import (
     KILL_REAP_SLACK_S,
     AwaitedChildren,
@@ -83,13 +86,18 @@ def exit_code_of(child_exit: ChildExit) -> int:
     return child_exit.returncode if child_exit.returncode is not None else 1
 
 
-def child_environment(lease: Lease, *, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The command's environment: ours without the daemon's settings, plus the lease."""
-    env = {
+def keeper_environment(*, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A parked keeper's environment: ours without the daemon's settings."""
+    return {
         k: v
         for k, v in (os.environ if base is None else base).items()
         if not k.startswith(_DAEMON_ENV_PREFIX)
     }
+
+
+def child_environment(lease: Lease, *, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The command's environment: ours without the daemon's settings, plus the lease."""
+    env = keeper_environment(base=base)
     env.update(
         ELECTOR_LOCK=lease.lock,
         ELECTOR_IDENTITY=lease.identity,
@@ -110,11 +118,17 @@ class ExecMode:
         request_exit: Callable[[int], None],
         children: AwaitedChildren,
         keeper_margin_s: float | None,
+        park_keeper: bool = True,
     ) -> None:
         """`keeper_margin_s`: see `keeper_margin_s()`; None runs the command without a keeper
-        (then nothing stops it if this process dies or stalls)."""
+        (then nothing stops it if this process dies or stalls). `park_keeper`: keep a keeper
+        parked while not leading (a bare interpreter's memory, for a faster takeover)."""
         self._settings = settings
         self._keeper_margin_s = keeper_margin_s
+        self._park_keeper = park_keeper and keeper_margin_s is not None
+        self._parking: asyncio.Task[None] | None = None
+        #: Set by a shutdown's step-down: no keeper is parked any more.
+        self._closing = False
         self._log = log
         self._request_exit = request_exit
         self._supervisor = ChildSupervisor(
@@ -138,9 +152,34 @@ class ExecMode:
         self._election = election
 
     def observe(self, outcome: CycleOutcome) -> None:
-        """An outcome hook: hands every renewal's validity end to the command's keeper."""
+        """An outcome hook: hands every renewal's validity end to the command's keeper; after a
+        cycle that did not lead, parks a keeper for the next term if none is."""
         if outcome.valid_until is not None:
             self._supervisor.extend_validity(outcome.valid_until)
+        elif self._lease is None:
+            self._park_soon()
+
+    @property
+    def parked_keeper_pid(self) -> int | None:
+        return self._supervisor.parked_pid
+
+    def _park_soon(self) -> None:
+        if not self._park_keeper or self._closing or self._exiting or self._parking is not None:
+            return
+        if self._supervisor.parked_pid is not None or not self._supervisor.idle:
+            return
+        self._parking = asyncio.create_task(self._park(), name="elector:park-keeper")
+
+    async def _park(self) -> None:
+        try:
+            assert self._keeper_margin_s is not None
+            link = KeeperLink.parked(kill_grace_s=self._settings.kill_grace_s, margin_s=self._keeper_margin_s)
+            await self._supervisor.park(keeper=link, env=keeper_environment())
+        except Exception as exc:  # the command starts with a keeper of its own, as without parking
+            self._park_keeper = False
+            self._log.warning("keeper_park_failed", error=str(exc), effect="no keeper is parked any more")
+        finally:
+            self._parking = None
 
     @property
     def child_pid(self) -> int | None:
@@ -153,6 +192,8 @@ class ExecMode:
     async def on_stopped_leading(self, reason: StepDownReason) -> None:
         """Stop the command (and any restart); CommandNotStopped if some of it survived."""
         self._lease = None  # from here on no start, restart or spawn goes ahead
+        if reason is StepDownReason.SHUTDOWN:
+            self._closing = True
         restart, self._restart = self._restart, None
         if restart is not None:
             restart.cancel()
@@ -177,10 +218,21 @@ class ExecMode:
             )
 
     async def close(self) -> None:
-        """Stop the command if it still runs (the election's own hook normally did already)."""
-        await self.on_stopped_leading(StepDownReason.SHUTDOWN)
+        """Stop the command if it still runs (the election's own hook normally did already), and
+        end the parked keeper."""
+        try:
+            await self.on_stopped_leading(StepDownReason.SHUTDOWN)
+        finally:
+            if self._parking is not None:
+                with contextlib.suppress(Exception):
+                    await self._parking
+            await self._supervisor.unpark()
 
     async def _start(self) -> None:
+        if self._parking is not None:
+            # A keeper being parked: wait for the spawn (not its interpreter), then launch it.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._parking)
         async with self._spawn_lock:
             lease = self._lease
             if lease is None or self._exiting:

@@ -23,6 +23,11 @@ So stopping is about the whole process tree, not the one pid we started:
   command in its own process group and kills it by the lease's deadline even if this process
   dies or stalls; `extend_validity()` feeds it the renewals. The keeper is transparent here: it
   ignores the group's SIGTERM and exits with the command's status.
+* `park()` starts a keeper ahead of time, while idle; the next `start()` with a keeper sends it
+  the start order instead of starting an interpreter (see keeper.py), saving that much of a
+  handoff. A parked keeper that is gone or cannot take the order is replaced by a fresh one.
+* Stopping does not poll: exits are seen through pidfds (`ExitWatch`) and the child's own exit,
+  and the tree is looked at again after each; without pidfds, every `_POLL_S`.
 
 Reaping: asyncio waits for the child by pid (a thread per child in Python 3.11), so nothing here
 ever calls `waitpid(-1)`, which would steal the child's exit status. Orphans reparented to us are
@@ -52,10 +57,20 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from elector.daemon.execmode.keeper import KeeperLink
+from elector.daemon.execmode.child import (
+    KILL_REAP_SLACK_S,
+    ChildExit,
+    ChildStartError,
+    Parked,
+    Run,
+    child_exit,
+    stop_budget_s,
+)
+from elector.daemon.execmode.keeper_link import KeeperLink
 from elector.daemon.execmode.proctree import (
     HAVE_PROC,
     AwaitedChildren,
+    ExitWatch,
     Proc,
     SupervisorLogger,
     all_procs,
@@ -79,64 +94,11 @@ __all__ = [
     "stop_budget_s",
 ]
 
-#: How long `stop()` waits after SIGKILL for the tree to be gone and the child reaped.
-KILL_REAP_SLACK_S = 0.1
-_POLL_S = 0.01  # how often stop() looks at /proc while waiting for the tree to go
-
-
-def stop_budget_s(kill_grace_s: float) -> float:
-    """The longest `stop()` takes with this grace: the daemon adds it to its lease safety margin."""
-    return kill_grace_s + KILL_REAP_SLACK_S
-
-
-class ChildStartError(Exception):
-    """The command could not be started (not found, not executable, no permission)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ChildExit:
-    """How a run of the child ended."""
-
-    pid: int
-    #: The child's exit status as asyncio reports it (negative: killed by a signal); None if the
-    #: child could not be reaped within the stop budget.
-    returncode: int | None
-    #: The signal that killed the child, if one did.
-    signal: int | None
-    #: True when `stop()` began before the child was seen to exit (then `on_exit` is not called).
-    stopped_by_us: bool
-    runtime_s: float
-    #: Pids of the tree still alive when `stop()` gave up; empty when everything is gone.
-    survivors: tuple[int, ...] = ()
-
-
-def _child_exit(pid: int, returncode: int | None, *, stopped_by_us: bool, runtime_s: float) -> ChildExit:
-    killed_by = -returncode if returncode is not None and returncode < 0 else None
-    return ChildExit(pid, returncode, killed_by, stopped_by_us, runtime_s)
-
-
-@dataclasses.dataclass(eq=False, slots=True)
-class _Run:
-    """One started child and what `stop()` needs to find its tree."""
-
-    process: asyncio.subprocess.Process
-    started_at: float
-    #: The child's start time (clock ticks since boot): its descendants cannot be older.
-    start_ticks: int
-    #: Our children before the spawn: never part of this child's tree.
-    foreign: frozenset[int]
-    keeper: KeeperLink | None = None
-    exited: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
-    #: Set by stop(kill_now=True): skip (or cut short) the grace and SIGKILL at once.
-    hurry: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
-    watcher: asyncio.Task[None] | None = None
-    ended_at: float | None = None
-    stopping: bool = False
-    natural_exit: ChildExit | None = None
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
+#: Without pidfds: how often stop() looks at /proc while waiting for the tree to go.
+_POLL_S = 0.01
+#: With pidfds, exits wake stop() at once; this only bounds how long a process forked by a member
+#: that ignores SIGTERM goes unsignalled (no exit announces it).
+_RESCAN_S = 0.1
 
 
 class ChildSupervisor:
@@ -165,7 +127,7 @@ class ChildSupervisor:
         self.kill_grace_s = kill_grace_s
         self._on_exit = on_exit
         self._log = logger if logger is not None else default_logger()
-        self._run: _Run | None = None
+        self._run: Run | None = None
         #: The start() in flight (it runs as a task of its own, so that a cancelled caller never
         #: loses a spawned child); a stop() meanwhile waits for it and stops what it started.
         self._starting: asyncio.Task[bool] | None = None
@@ -174,6 +136,16 @@ class ChildSupervisor:
         #: What the clean-up of an aborted start found: the stop() that aborted it reports it.
         self._aborted_cleanup: ChildExit | None = None
         self._stopping: asyncio.Task[ChildExit] | None = None
+        self._parked: Parked | None = None
+
+    @property
+    def idle(self) -> bool:
+        """No run (not even an exited one awaiting its clean-up), start or stop under way."""
+        return self._run is None and self._starting is None and self._stopping is None
+
+    @property
+    def parked_pid(self) -> int | None:
+        return self._parked.process.pid if self._parked is not None else None
 
     @property
     def running(self) -> bool:
@@ -247,11 +219,29 @@ class ChildSupervisor:
         raise ChildStartError(f"cannot start {program!r}: {reason}")
 
     async def _spawn(self, env: Mapping[str, str], *, keeper: KeeperLink | None) -> None:
-        argv = self.command if keeper is None else tuple(keeper.argv(self.command))
-        self._children.spawning += 1
         try:
             if keeper is not None:
                 self._check_runnable(env)
+                if self._launch_parked(env, keeper=keeper):
+                    return
+            process, foreign, started_at = await self._exec(env, keeper=keeper)
+        except (OSError, ValueError, ChildStartError) as exc:
+            if keeper is not None:
+                keeper.close()
+            if isinstance(exc, ChildStartError):
+                raise
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise ChildStartError(f"cannot start {self.command[0]!r}: {reason}") from exc
+        info = read_proc(process.pid)
+        self._begin(Run(process, started_at, info.start_ticks if info else 0, foreign, keeper=keeper))
+
+    async def _exec(
+        self, env: Mapping[str, str], *, keeper: KeeperLink | None
+    ) -> tuple[asyncio.subprocess.Process, frozenset[int], float]:
+        """Start the command, or the keeper that runs it; (process, our other children, when)."""
+        argv = self.command if keeper is None else tuple(keeper.argv(self.command))
+        self._children.spawning += 1
+        try:
             me = os.getpid()
             foreign = frozenset(proc.pid for proc in all_procs() if proc.ppid == me)
             started_at = time.monotonic()
@@ -263,21 +253,87 @@ class ChildSupervisor:
                 pass_fds=() if keeper is None else (keeper.read_fd,),
             )
             self._children.waited.add(process.pid)
-        except (OSError, ValueError, ChildStartError) as exc:
-            if keeper is not None:
-                keeper.close()
-            if isinstance(exc, ChildStartError):
-                raise
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            raise ChildStartError(f"cannot start {self.command[0]!r}: {reason}") from exc
         finally:
             self._children.spawning -= 1
         if keeper is not None:
             keeper.spawned()
-        info = read_proc(process.pid)
-        run = _Run(process, started_at, info.start_ticks if info is not None else 0, foreign, keeper=keeper)
-        run.watcher = asyncio.create_task(self._watch(run), name=f"elector-child-{process.pid}")
+        return process, foreign, started_at
+
+    def _begin(self, run: Run) -> None:
+        run.watcher = asyncio.create_task(self._watch(run), name=f"elector-child-{run.pid}")
         self._run = run
+
+    # -- the parked keeper ---------------------------------------------------------------------
+
+    async def park(self, *, keeper: KeeperLink, env: Mapping[str, str]) -> bool:
+        """Start a keeper (`KeeperLink.parked()`) that waits for the next `start()`; `env` is the
+        keeper's own environment (the command gets the one `start()` is given). False, starting
+        nothing, unless idle with nothing parked; OSError if it cannot be started."""
+        if not keeper.waiting or not self.idle or self._parked is not None:
+            keeper.close()
+            return False
+        try:
+            process, foreign, _ = await self._exec(env, keeper=keeper)
+        except BaseException:
+            keeper.close()
+            raise
+        info = read_proc(process.pid)
+        parked = Parked(process, keeper, info.start_ticks if info else 0, foreign)
+        if not self.idle or self._parked is not None:  # a start or another park came meanwhile
+            self._discard(parked)
+            return False
+        parked.watcher = asyncio.create_task(self._watch_parked(parked), name=f"elector-parked-{process.pid}")
+        self._parked = parked
+        return True
+
+    def _launch_parked(self, env: Mapping[str, str], *, keeper: KeeperLink) -> bool:
+        """Hand the parked keeper (if it fits `keeper`) its start order and make it the run."""
+        parked, self._parked = self._parked, None
+        if parked is None:
+            return False
+        fits = (parked.link.kill_grace_s, parked.link.margin_s) == (keeper.kill_grace_s, keeper.margin_s)
+        if parked.watcher is not None:
+            parked.watcher.cancel()
+        assert keeper.valid_until is not None, "a fresh link carries the first validity end"
+        if (
+            not fits
+            or parked.process.returncode is not None
+            or not parked.link.launch(valid_until=keeper.valid_until, env=env)
+        ):
+            self._discard(parked)
+            return False
+        keeper.close()  # its pipe is not used: the parked keeper's is
+        run = Run(parked.process, time.monotonic(), parked.start_ticks, parked.foreign, keeper=parked.link)
+        self._begin(run)
+        return True
+
+    async def _watch_parked(self, parked: Parked) -> None:
+        await parked.process.wait()
+        if self._parked is parked:  # it died while parked (killed, or no interpreter): forget it
+            self._parked = None
+            self._log.warning("parked_keeper_exited", pid=parked.process.pid, code=parked.process.returncode)
+        self._children.waited.discard(parked.process.pid)
+        parked.link.close()
+
+    def _discard(self, parked: Parked) -> None:
+        """Let a parked keeper go: EOF on its pipe ends it (a task reaps it)."""
+        parked.link.close()
+        if parked.process.returncode is None:
+            parked.watcher = asyncio.create_task(self._watch_parked(parked), name="elector-unparked")
+        else:
+            self._children.waited.discard(parked.process.pid)
+
+    async def unpark(self) -> None:
+        """End the parked keeper, if any (it starts nothing), and wait until it is gone."""
+        parked, self._parked = self._parked, None
+        if parked is None:
+            return
+        self._discard(parked)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(KILL_REAP_SLACK_S * 10):
+                await parked.process.wait()
+            return
+        send_signal(parked.process.pid, signal.SIGKILL)  # stuck: it has started nothing
 
     def extend_validity(self, valid_until: float) -> bool:
         """Pass a renewal's validity end to the running child's keeper; False if there is none or
@@ -287,16 +343,17 @@ class ChildSupervisor:
             return False
         return run.keeper.send(valid_until)
 
-    async def _watch(self, run: _Run) -> None:
+    async def _watch(self, run: Run) -> None:
         returncode = await run.process.wait()
         run.ended_at = time.monotonic()
         self._children.waited.discard(run.pid)
         run.exited.set()
+        run.wake.set()
         if run.keeper is not None:
             run.keeper.close()  # the keeper is gone: nobody reads the pipe any more
         if run.stopping:
             return
-        exit_ = _child_exit(run.pid, returncode, stopped_by_us=False, runtime_s=run.ended_at - run.started_at)
+        exit_ = child_exit(run.pid, returncode, stopped_by_us=False, runtime_s=run.ended_at - run.started_at)
         run.natural_exit = exit_
         try:
             self._on_exit(exit_)
@@ -329,6 +386,7 @@ class ChildSupervisor:
     def _hurry(self) -> None:
         if self._run is not None:
             self._run.hurry.set()
+            self._run.wake.set()
 
     async def _stop_run(self) -> ChildExit | None:
         if self._stopping is None:
@@ -340,12 +398,12 @@ class ChildSupervisor:
             self._stopping = asyncio.create_task(self._stop(run), name=f"elector-stop-{run.pid}")
         return await asyncio.shield(self._stopping)
 
-    async def _stop(self, run: _Run) -> ChildExit:
+    async def _stop(self, run: Run) -> ChildExit:
         try:
             # After a natural exit this only cleans up leftovers: immediate when there are none.
             survivors = await self._terminate(run)
             runtime_s = (run.ended_at or time.monotonic()) - run.started_at
-            ended = run.natural_exit or _child_exit(
+            ended = run.natural_exit or child_exit(
                 run.pid, run.process.returncode, stopped_by_us=True, runtime_s=runtime_s
             )
             result = dataclasses.replace(ended, survivors=survivors)
@@ -362,7 +420,7 @@ class ChildSupervisor:
             self._run = None
             self._stopping = None
 
-    async def _terminate(self, run: _Run) -> tuple[int, ...]:
+    async def _terminate(self, run: Run) -> tuple[int, ...]:
         if self.kill_grace_s > 0 and not run.hurry.is_set():
             grace_deadline = time.monotonic() + self.kill_grace_s
             if not await self._signal_until_gone(run, signal.SIGTERM, deadline=grace_deadline):
@@ -374,36 +432,64 @@ class ChildSupervisor:
         kill_deadline = time.monotonic() + KILL_REAP_SLACK_S
         return await self._signal_until_gone(run, signal.SIGKILL, deadline=kill_deadline)
 
-    async def _signal_until_gone(self, run: _Run, sig: signal.Signals, *, deadline: float) -> tuple[int, ...]:
+    async def _signal_until_gone(self, run: Run, sig: signal.Signals, *, deadline: float) -> tuple[int, ...]:
         """Signal the tree, then each newcomer once; the pids still alive at `deadline` (or
         when a SIGTERM phase is hurried: then SIGKILL follows at once)."""
         signalled: set[int] = set()
-        tree = self._tree(run)
-        # One killpg reaches the group atomically, even members forked while we scanned. Only
-        # while a member is seen: then the group's id cannot have been reused by a stranger.
-        group = [proc.pid for proc in tree if proc.pgid == run.pid and proc.alive]
-        if group and send_signal(run.pid, sig, group=True):
-            signalled.update(group)
-        while True:
-            me, alive = os.getpid(), []
-            for proc in tree:
-                if not proc.alive:
-                    if proc.ppid == me and proc.pid != run.pid and proc.pid not in self._children.waited:
-                        reap(proc.pid)  # an orphan reparented to us: nobody else will
-                    continue
-                alive.append(proc.pid)
-                if proc.pid not in signalled:
-                    signalled.add(proc.pid)
-                    send_signal(proc.pid, sig)
-            if not alive and run.exited.is_set():
-                return ()
-            now = time.monotonic()
-            if now >= deadline or (alive and sig is signal.SIGTERM and run.hurry.is_set()):
-                return tuple(sorted(alive))
-            await asyncio.sleep(min(_POLL_S, deadline - now))
+        run.wake.clear()  # before the look: what happens from now on wakes the wait below
+        # One killpg reaches the group atomically, even members forked while we scan. Only while
+        # the group's id cannot belong to a stranger: the child is not reaped yet (it holds its
+        # pid), or a member of its group is seen. Not reaped: the signal goes before the look.
+        group_signalled = not run.exited.is_set() and send_signal(run.pid, sig, group=True)
+        watch = ExitWatch(run.wake)
+        try:
+            if group_signalled and run.keeper is not None and watch.available:
+                # The keeper signals the rest of its tree and exits once all of it is gone: wait
+                # for that before looking at /proc (a look costs ms that the dying tree could use).
+                watch.watch([run.pid])
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                        await run.wake.wait()  # or a hurry
+                run.wake.clear()
             tree = self._tree(run)
+            group = [proc.pid for proc in tree if proc.pgid == run.pid and proc.alive]
+            if group and (group_signalled or send_signal(run.pid, sig, group=True)):
+                signalled.update(group)
+            while True:
+                me, alive = os.getpid(), []
+                for proc in tree:
+                    if not proc.alive:
+                        if proc.ppid == me and proc.pid != run.pid and proc.pid not in self._children.waited:
+                            reap(proc.pid)  # an orphan reparented to us: nobody else will
+                        continue
+                    alive.append(proc.pid)
+                    if proc.pid not in signalled:
+                        signalled.add(proc.pid)
+                        send_signal(proc.pid, sig)
+                now = time.monotonic()
+                if not alive:
+                    # The child is dead too (always in its session), and its orphans were ours
+                    # before it turned zombie: only its reaping is left, which asyncio does.
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(max(0.0, deadline - now)):
+                            await run.exited.wait()
+                    return ()
+                if now >= deadline or (sig is signal.SIGTERM and run.hurry.is_set()):
+                    return tuple(sorted(alive))
+                # Look again once all of them exited (each exit is announced; one that exits
+                # between the look and here fires at once), on a hurry, or after a while for
+                # what was forked since; without pidfds, every _POLL_S.
+                watch.watch(alive)
+                step = _RESCAN_S if watch.available else _POLL_S
+                with contextlib.suppress(TimeoutError):  # asyncio.timeout: see reaper.py
+                    async with asyncio.timeout(min(step, deadline - now)):
+                        await run.wake.wait()
+                run.wake.clear()
+                tree = self._tree(run)
+        finally:
+            watch.close()
 
-    def _tree(self, run: _Run) -> list[Proc]:
+    def _tree(self, run: Run) -> list[Proc]:
         """The child's session, plus what left it and got reparented to us (see the module doc)."""
         if not HAVE_PROC:
             # Without /proc only the group can be followed: is anyone left in it?
@@ -413,7 +499,7 @@ class ChildSupervisor:
         me = os.getpid()
         return [
             proc
-            for proc in all_procs()
+            for proc in all_procs(session=run.pid, parent=me)
             if proc.sid == run.pid
             or (
                 proc.ppid == me

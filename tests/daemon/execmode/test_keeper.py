@@ -10,6 +10,7 @@ with CLOCK_BOOTTIME, the keeper's clock; deaths are seen through pidfds (late, n
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import select
 import signal
@@ -25,12 +26,14 @@ import pytest
 from elector.daemon.execmode.keeper import (
     MAX_WAIT_S,
     STOP_POLL_S,
-    KeeperLink,
     LineReader,
     Schedule,
     boottime,
+    decode_start,
+    encode_start,
     parse_args,
 )
+from elector.daemon.execmode.keeper_link import _BOOTSTRAP, KeeperLink
 
 GRACE_S = 0.3
 #: Scheduling noise allowed on top of a time the keeper computes: the CI box is a loaded 2-core
@@ -318,6 +321,7 @@ def test_without_renewals_the_tree_is_gone_by_the_deadline(keepers: list[Started
     # The daemon is alive (its pipe open) but sends nothing: frozen, or its loop is stuck.
     keeper = start_keeper(keepers, tmp_path, f"{stubborn(tmp_path, 'c')} & wait", valid_in_s=1.0)
     [command] = wait_for_pids(tmp_path / "c.pid", 1)
+    assert keeper.link.valid_until is not None
     schedule = Schedule(
         valid_until=keeper.link.valid_until,
         kill_grace_s=keeper.link.kill_grace_s,
@@ -377,7 +381,8 @@ PARENT = textwrap.dedent(
     """\
     import os, subprocess, sys, time
     sys.path.insert(0, sys.argv[1])
-    from elector.daemon.execmode.keeper import KeeperLink, boottime
+    from elector.daemon.execmode.keeper import boottime
+    from elector.daemon.execmode.keeper_link import KeeperLink
     link = KeeperLink(valid_until=boottime() + 60, kill_grace_s=0.3, margin_s=0.4)
     keeper = subprocess.Popen(link.argv(["sh", "-c", sys.argv[3]]), pass_fds=(link.read_fd,),
                               start_new_session=True)
@@ -411,3 +416,183 @@ def test_the_parents_death_signal_stops_the_command_when_the_pipe_shows_nothing(
         for pid in pids_in(tmp_path / "k"):  # the keeper's group: the command and its shell too
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL) if pid == os.getsid(pid) else os.kill(pid, signal.SIGKILL)
+
+
+# -- the parked keeper -------------------------------------------------------------------------
+
+
+def test_a_start_order_round_trips_and_waits_for_its_end() -> None:
+    env = {"ELECTOR_FENCING_TOKEN": "42", "EMPTY": "", "EQUALS": "a=b=c", "UNICODE": "ünï"}
+    order = encode_start(123.25, env) + b"124.5\n"
+    for cut in (0, 5, order.index(b"\n"), order.index(b"\n") + 3, len(order) - 7):
+        assert decode_start(order[:cut]) is None, f"incomplete at {cut} bytes"
+    valid_until, decoded, rest = decode_start(order) or (0.0, {}, b"")
+    assert (valid_until, decoded, rest) == (123.25, env, b"124.5\n"), "renewals after it are kept"
+    assert decode_start(encode_start(1.0, {})) == (1.0, {}, b"")
+
+
+@pytest.mark.parametrize(
+    "order",
+    [b"go 1.0 0\n", b"start x 0\n", b"start 1.0 -1\n", b"start inf 0\n", b"start 1.0 4\nnoeq",
+     b"x" * 100, b"start 1.0 99999999999\n"],
+)  # fmt: skip
+def test_a_malformed_start_order_is_refused(order: bytes) -> None:
+    with pytest.raises(ValueError, match="start order"):
+        decode_start(order)
+
+
+def test_an_environment_that_cannot_be_one_is_refused_when_encoding() -> None:
+    for env in ({"A=B": "x"}, {"": "x"}, {"A": "x\0y"}):
+        with pytest.raises(ValueError, match="illegal environment variable"):
+            encode_start(1.0, env)
+    with pytest.raises(ValueError, match="finite"):
+        encode_start(math.inf, {})
+
+
+def test_parked_arguments_need_no_validity_end() -> None:
+    values, command = parse_args(
+        ["--control-fd", "5", "--parent-pid", "1", "--parked", "--kill-grace-s", "1", "--margin-s", "1",
+         "--", "x"]
+    )  # fmt: skip
+    assert values == {"parked": 1.0, "control_fd": 5, "parent_pid": 1, "kill_grace_s": 1, "margin_s": 1}
+    assert command == ["x"]
+
+
+def park_keeper(keepers: list[Started], tmp_path: Path, script: str, *, grace_s: float = GRACE_S) -> Started:
+    link = KeeperLink.parked(kill_grace_s=grace_s, margin_s=grace_s + 0.1)
+    assert "--parked" in link.argv(["x"]) and "--valid-until" not in link.argv(["x"])
+    log = tmp_path / f"keeper-{len(keepers)}.log"
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            link.argv(["sh", "-c", script]), pass_fds=(link.read_fd,), start_new_session=True,
+            stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+            env={"PATH": os.environ["PATH"], "KEEPER_OWN": "1"},
+        )  # fmt: skip
+    link.spawned()
+    started = Started(link, process, log)
+    keepers.append(started)
+    return started
+
+
+def test_a_parked_keeper_starts_the_command_with_the_orders_environment(
+    keepers: list[Started], tmp_path: Path
+) -> None:
+    keeper = park_keeper(keepers, tmp_path, f"env > {tmp_path}/env; exit 5")
+    time.sleep(0.3)  # parked, waiting on its pipe
+    assert not (tmp_path / "env").exists(), "nothing starts before the order"
+    assert not keeper.link.send(boottime() + 60), "no validity end before the start order"
+
+    env = {"PATH": os.environ["PATH"], "ELECTOR_FENCING_TOKEN": "7", "ELECTOR_LOCK": "jobs"}
+    assert keeper.link.launch(valid_until=boottime() + 60, env=env)
+    assert keeper.link.send(boottime() + 61), "renewals go through once launched"
+
+    assert keeper.process.wait(timeout=10) == 5, "the command's own status"
+    seen = dict(line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines() if "=" in line)
+    assert seen["ELECTOR_FENCING_TOKEN"] == "7" and seen["ELECTOR_LOCK"] == "jobs"
+    assert "KEEPER_OWN" not in seen, "the order's environment, not the keeper's"
+    assert not keeper.link.launch(valid_until=boottime() + 60, env=env), "one order per keeper"
+
+
+def test_a_parked_keepers_order_sets_the_deadline(keepers: list[Started], tmp_path: Path) -> None:
+    keeper = park_keeper(keepers, tmp_path, f"{stubborn(tmp_path, 'c')} & wait")
+    valid_until = boottime() + 1.0
+    assert keeper.link.launch(valid_until=valid_until, env=dict(os.environ))
+    [command] = wait_for_pids(tmp_path / "c.pid", 1)
+    dead_at = gone_at([command], timeout_s=10)
+    [term] = terms(tmp_path, "c")
+    assert term >= valid_until + 0.1 - GRACE_S, "TERM one grace before the order's deadline, not earlier"
+    assert dead_at <= valid_until + 0.1 + NOISE_S
+
+
+@pytest.mark.parametrize("how", ["eof", "sigterm", "garbage", "half an order"])
+def test_a_parked_keeper_that_gets_no_whole_order_exits_without_starting_anything(
+    keepers: list[Started], tmp_path: Path, how: str
+) -> None:
+    keeper = park_keeper(keepers, tmp_path, f"echo started > {tmp_path}/started")
+    time.sleep(0.3)
+    if how == "eof":
+        keeper.link.close()
+    elif how == "sigterm":
+        keeper.process.send_signal(signal.SIGTERM)
+    else:
+        order = encode_start(boottime() + 60, {"A": "b" * 1000})
+        os.write(keeper.link._write_fd, b"start now please\n" if how == "garbage" else order[:-10])
+        keeper.link.close()
+    assert keeper.process.wait(timeout=10) == (2 if how == "garbage" else 0), keeper.log_text()
+    assert not (tmp_path / "started").exists()
+    assert ("keeper_bad_start" in keeper.log_text()) == (how == "garbage")
+
+
+PARKED_PARENT = textwrap.dedent(
+    """\
+    import os, subprocess, sys, time
+    sys.path.insert(0, sys.argv[1])
+    from elector.daemon.execmode.keeper_link import KeeperLink
+    link = KeeperLink.parked(kill_grace_s=0.3, margin_s=0.4)
+    keeper = subprocess.Popen(link.argv(["sh", "-c", sys.argv[3]]), pass_fds=(link.read_fd,),
+                              start_new_session=True)
+    link.spawned()
+    # Someone else holds the pipe's write end too: our death shows no EOF, only the death signal.
+    os.set_inheritable(link._write_fd, True)
+    holder = subprocess.Popen(["sleep", "1000"], pass_fds=(link._write_fd,))
+    with open(sys.argv[2], "w") as f:
+        f.write(f"{keeper.pid} {holder.pid}\\n")
+    time.sleep(1000)
+    """
+)
+
+
+def test_a_parked_keeper_exits_when_its_parent_dies(tmp_path: Path) -> None:
+    (tmp_path / "parent.py").write_text(PARKED_PARENT)
+    repo = str(Path(__file__).resolve().parents[3])
+    parent = subprocess.Popen(
+        [sys.executable, str(tmp_path / "parent.py"), repo, str(tmp_path / "k"), f"touch {tmp_path}/started"]
+    )
+    try:
+        keeper, holder = wait_for_pids(tmp_path / "k", 2)
+        time.sleep(0.3)
+        parent.kill()
+        parent.wait()
+        gone_at([keeper], timeout_s=10)  # no EOF came: the death signal (or its parent check) did it
+        assert running(holder)
+        assert not (tmp_path / "started").exists()
+    finally:
+        for pid in pids_in(tmp_path / "k"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+#: Runs the keeper as the daemon does, but with its stop poll made useless (an hour): whatever
+#: ends it promptly must be a wake-up (SIGCHLD, the pipe), not the poll.
+NO_POLL_BOOTSTRAP = (
+    "import sys, importlib.util as util; path = sys.argv.pop(1); "
+    "spec = util.spec_from_file_location('elector_keeper', path); keeper = util.module_from_spec(spec); "
+    "spec.loader.exec_module(keeper); keeper.STOP_POLL_S = 3600.0; keeper.main(sys.argv[1:])"
+)
+
+
+@pytest.mark.parametrize("parked", [False, True])
+def test_a_command_that_exits_on_term_ends_the_keeper_without_its_stop_poll(
+    keepers: list[Started], tmp_path: Path, parked: bool
+) -> None:
+    # A grace and margin of 10 minutes: neither can be what ends it.
+    if parked:
+        link = KeeperLink.parked(kill_grace_s=600.0, margin_s=600.1)
+    else:
+        link = KeeperLink(valid_until=boottime() + 3600, kill_grace_s=600.0, margin_s=600.1)
+    argv = link.argv(["sh", "-c", f"echo $$ > {tmp_path}/c.pid; sleep 1000 & wait"])
+    assert argv[3:5] == ["-c", _BOOTSTRAP]
+    argv[4] = NO_POLL_BOOTSTRAP
+    process = subprocess.Popen(
+        argv, pass_fds=(link.read_fd,), start_new_session=True, stdin=subprocess.DEVNULL
+    )
+    link.spawned()
+    keepers.append(Started(link, process, tmp_path / "none.log"))
+    if parked:
+        assert link.launch(valid_until=boottime() + 3600, env=dict(os.environ))
+    wait_for_pids(tmp_path / "c.pid", 1)
+
+    os.killpg(process.pid, signal.SIGTERM)  # what the supervisor does; the shell and its sleep exit
+
+    # Far below the hour of the poll: a wake-up (SIGCHLD) ended it.
+    assert process.wait(timeout=30) == -signal.SIGTERM

@@ -131,6 +131,60 @@ def test_sigterm_drains_the_command_releases_and_the_next_command_gets_a_higher_
     assert b.is_leader()
 
 
+def parked_keepers(daemon_pid: int) -> list[int]:
+    """The daemon's children that are keepers waiting for a start order."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError):
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == daemon_pid and b"\0--parked\0" in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_follower_keeps_a_keeper_parked_and_the_takeover_runs_the_command_under_it(
+    daemon, seeded, work
+) -> None:
+    a = daemon("a")
+    wait_until(lambda: len(pids(work, "a")) == 2, timeout_s=3)
+    b = daemon("b")
+    assert a.process is not None and b.process is not None
+    wait_until(lambda: parked_keepers(b.process.pid), timeout_s=5)
+    parked = parked_keepers(b.process.pid)
+    assert len(parked) == 1, "one parked keeper"
+    assert parked_keepers(a.process.pid) == [], "the leader's keeper runs the command: none is parked"
+
+    a.signal(signal.SIGTERM)
+    assert a.wait(timeout_s=5) == 0
+
+    wait_until(lambda: len(pids(work, "b")) == 2, timeout_s=3)
+    command = pids(work, "b")[0]
+    assert os.getsid(command) == parked[0], "the command runs under the parked keeper"
+    first, second = journal(work)
+    assert second[1] == "b" and int(second[2]) > int(first[2]), "with the new term's token"
+    b.signal(signal.SIGTERM)
+    assert b.wait(timeout_s=5) == 0
+    assert not alive(parked[0]) and not alive(command)
+
+
+def test_a_followers_parked_keeper_ends_with_the_daemon(daemon, seeded, work) -> None:
+    daemon("a")
+    wait_until(lambda: len(pids(work, "a")) == 2, timeout_s=3)
+    b = daemon("b")
+    assert b.process is not None
+    wait_until(lambda: parked_keepers(b.process.pid), timeout_s=5)
+    [parked] = parked_keepers(b.process.pid)
+
+    b.signal(signal.SIGTERM)
+
+    assert b.wait(timeout_s=5) == 0
+    assert not alive(parked)
+    assert pids(work, "b") == [], "a parked keeper never starts the command by itself"
+    assert "keeper_bad_start" not in b.logs_text()
+
+
 async def test_a_cut_redis_link_kills_the_command_and_grandchildren_before_the_lease_expires(
     daemon, seeded, work, tcp_proxy: TcpProxy, redis_url: str
 ) -> None:

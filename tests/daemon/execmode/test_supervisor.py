@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 from structlog.testing import CapturingLogger
 
-from elector.daemon.execmode.keeper import KeeperLink, boottime
+from elector.daemon.execmode.keeper import boottime
+from elector.daemon.execmode.keeper_link import KeeperLink
 from elector.daemon.execmode.supervisor import (
     KILL_REAP_SLACK_S,
     ChildExit,

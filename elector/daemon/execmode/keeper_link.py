@@ -1,0 +1,121 @@
+"""The daemon's end of a keeper (elector/daemon/execmode/keeper.py): the argv that starts it, and
+the pipe that feeds it validity ends - or, for a parked keeper, first the start order.
+
+keeper.py runs as a process of its own, with nothing of `elector` importable; this module is
+the part the daemon imports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from elector.daemon.execmode import keeper as _keeper
+from elector.daemon.execmode.keeper import Schedule, encode_start
+
+#: Loads keeper.py in a bare interpreter (-I: no environment, -S: no site-packages) through the
+#: import system, so that its cached bytecode is used, under a name of its own (not `elector`).
+_BOOTSTRAP = (
+    "import sys, importlib.util as util; path = sys.argv.pop(1); "
+    "spec = util.spec_from_file_location('elector_keeper', path); keeper = util.module_from_spec(spec); "
+    "spec.loader.exec_module(keeper); keeper.main(sys.argv[1:])"
+)
+_KEEPER_PATH = os.path.abspath(_keeper.__file__)
+#: A pipe's default capacity: an order up to this size goes into an empty pipe in one write.
+_PIPE_CAPACITY = 65536
+
+
+class KeeperLink:
+    """The daemon's end of one keeper: the argv that starts it, and the pipe that feeds it.
+
+    Make one per run of the command; pass `read_fd` to the child (pass_fds) and call
+    `spawned()` after the spawn. `send` never blocks: a full pipe (a keeper that does not read)
+    drops the update, which can only make the keeper stop the command earlier.
+
+    `KeeperLink.parked()` makes the link of a parked keeper: it starts nothing until `launch()`
+    hands it the first validity end and the command's environment.
+    """
+
+    def __init__(self, *, valid_until: float, kill_grace_s: float, margin_s: float) -> None:
+        Schedule(valid_until=valid_until, kill_grace_s=kill_grace_s, margin_s=margin_s)  # checks them
+        #: The last validity end the keeper was given; None while a parked keeper waits for launch().
+        self.valid_until: float | None = valid_until
+        self.kill_grace_s = kill_grace_s
+        self.margin_s = margin_s
+        self.read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._write_fd, False)
+        self.dropped = 0
+
+    @classmethod
+    def parked(cls, *, kill_grace_s: float, margin_s: float) -> KeeperLink:
+        link = cls(valid_until=0.0, kill_grace_s=kill_grace_s, margin_s=margin_s)
+        link.valid_until = None
+        return link
+
+    @property
+    def waiting(self) -> bool:
+        """A parked keeper's link before `launch()`."""
+        return self.valid_until is None
+
+    @property
+    def closed(self) -> bool:
+        return self._write_fd < 0
+
+    def argv(self, command: Sequence[str]) -> list[str]:
+        timing = ["--parked"] if self.valid_until is None else ["--valid-until", repr(self.valid_until)]
+        return [
+            sys.executable, "-I", "-S", "-c", _BOOTSTRAP, _KEEPER_PATH,
+            "--control-fd", str(self.read_fd),
+            "--parent-pid", str(os.getpid()),
+            *timing,
+            "--kill-grace-s", repr(self.kill_grace_s),
+            "--margin-s", repr(self.margin_s),
+            "--", *command,
+        ]  # fmt: skip
+
+    def spawned(self) -> None:
+        """The keeper holds its end now: ours must go, or its EOF would never come."""
+        if self.read_fd >= 0:
+            os.close(self.read_fd)
+            self.read_fd = -1
+
+    def launch(self, *, valid_until: float, env: Mapping[str, str]) -> bool:
+        """Order a parked keeper to start the command: one write, never blocking. False when it
+        could not take the whole order (gone, or the order too large): then the link is closed,
+        so the keeper sees EOF and exits without starting anything."""
+        if not self.waiting or self.closed:
+            return False
+        order = encode_start(valid_until, env)
+        if len(order) > _PIPE_CAPACITY:
+            with contextlib.suppress(OSError, AttributeError):  # capped by /proc/sys/fs/pipe-max-size
+                fcntl.fcntl(self._write_fd, fcntl.F_SETPIPE_SZ, len(order))
+        try:
+            written = os.write(self._write_fd, order)
+        except OSError:
+            written = -1
+        if written != len(order):  # half an order is no order: EOF will end the keeper
+            self.close()
+            return False
+        self.valid_until = valid_until
+        return True
+
+    def send(self, valid_until: float) -> bool:
+        """Hand the keeper a fresh validity end; False if it could not take it now."""
+        if self.closed or self.valid_until is None or valid_until <= self.valid_until:
+            return False
+        try:
+            os.write(self._write_fd, f"{valid_until!r}\n".encode())  # < PIPE_BUF: all or nothing
+        except OSError:  # full (BlockingIOError), or the keeper is gone (BrokenPipeError)
+            self.dropped += 1
+            return False
+        self.valid_until = valid_until
+        return True
+
+    def close(self) -> None:
+        self.spawned()
+        if self._write_fd >= 0:
+            os.close(self._write_fd)
+            self._write_fd = -1
