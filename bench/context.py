@@ -19,6 +19,31 @@ from elector.testing.redis_server import find_redis_server
 RUNTIME_VENV = Path("/tmp/elector-bench-rt")
 #: What a container image copies to build elector (no tests, no dev extras).
 _IMAGE_FILES = ("pyproject.toml", "README.md", "elector")
+#: The environment the Dockerfile's ENV gives every Python process of the image: no docstrings and
+#: no asserts (-OO, read from *.opt-2.pyc files), and no .pyc written at run time.
+IMAGE_PYTHON_ENV = {"PYTHONOPTIMIZE": "2", "PYTHONDONTWRITEBYTECODE": "1"}
+#: Scripts next to the runtime venv's python, usable wherever the benchmarks take a python path
+#: (bench.common.Daemon runs `<python> -m elector run`). Both start in `/` like the image (WORKDIR
+#: /): `python -m` puts the working directory first on sys.path, so from the repository's root
+#: the venv would import the work tree's elector instead of its installed copy. The second adds
+#: IMAGE_PYTHON_ENV. They `exec`, so the PID the benchmarks measure is the interpreter's own.
+_PLAIN_WRAPPER = "python-in-workdir-root"
+_IMAGE_WRAPPER = "python-as-image"
+#: What the daemon imports first (elector/cli/tls.py without TLS), then its modules.
+_DAEMON_IMPORTS = (
+    "from elector.cli.tls import without_openssl; without_openssl(); "
+    "import elector.cli.main, elector.daemon.service"
+)
+#: Prints the source files of loaded modules whose .pyc (of this optimization level) is missing:
+#: those are compiled in memory at each start.
+_MISSING_PYC_PROBE = f"""
+import os, sys
+{_DAEMON_IMPORTS}
+for module in list(sys.modules.values()):
+    source, cached = getattr(module, "__file__", None), getattr(module, "__cached__", None)
+    if source and source.endswith(".py") and cached and not os.path.exists(cached):
+        print(source)
+"""
 
 
 class Context:
@@ -32,6 +57,8 @@ class Context:
         self._etcd_install: EtcdInstall | None = None
         self._etcd: EtcdServer | None = None
         self._runtime_python: str | None = None
+        #: What was done so that the image's way (PYTHONOPTIMIZE=2) reads opt-2 .pyc files only.
+        self.runtime_bytecode: list[str] = []
         self.log: list[str] = []  # setup messages worth keeping in the report
         self.load_at_start = os.getloadavg()
         # Resolved once: a redis-server installed by someone else mid-run must not switch binaries.
@@ -71,8 +98,14 @@ class Context:
     def runtime_python(self) -> str:
         """Python of a venv with `pip install <elector>` only, as the container image will have."""
         if self._runtime_python is None:
-            self._runtime_python = _build_runtime_venv(self.dir("image-src"), self.say)
+            python = _build_runtime_venv(self.dir("image-src"), self.say)
+            self.runtime_bytecode = _compile_as_image(python, self.say)
+            self._runtime_python = _write_wrapper(python, _PLAIN_WRAPPER, {})
         return self._runtime_python
+
+    def runtime_python_as_image(self) -> str:
+        """The runtime-only venv's python run the container image's way (IMAGE_PYTHON_ENV)."""
+        return str(Path(self.runtime_python()).with_name(_IMAGE_WRAPPER))
 
     @property
     def runtime_python_if_built(self) -> str | None:
@@ -113,6 +146,54 @@ def _build_runtime_venv(src: Path, say: Callable[[str], None]) -> str:
     )  # fmt: skip
     say(f"runtime-only venv {RUNTIME_VENV}: `pip install <copy of {', '.join(_IMAGE_FILES)}>`")
     return str(python)
+
+
+def _compile_as_image(python: str, say: Callable[[str], None]) -> list[str]:
+    """Byte-compile like the Dockerfile (levels 0 and 2) and write the image-way wrapper script.
+
+    Python reads only the .pyc of its own optimization level: under PYTHONOPTIMIZE=2 a module
+    without its .opt-2.pyc is compiled from source in memory at every start (an idle daemon with
+    nothing precompiled measured 44 MiB instead of 32). The venv's site-packages is compiled here; the
+    standard library belongs to the interpreter the venv was made from, so the modules the daemon
+    loads are checked there, and compiled only where this user may write.
+    """
+    purelib, stdlib = (_sysconfig_path(python, key) for key in ("purelib", "stdlib"))
+    _run([python, "-m", "compileall", "-q", "-o", "0", "-o", "2", purelib], "compileall the venv")
+    wrapper = _write_wrapper(python, _IMAGE_WRAPPER, IMAGE_PYTHON_ENV)
+    missing = _run([str(wrapper), "-c", _MISSING_PYC_PROBE], "look for missing opt-2 .pyc").split()
+    notes = [f"site-packages of {RUNTIME_VENV} compiled at optimization levels 0 and 2, as in the image"]
+    if missing:
+        done = subprocess.run(
+            [python, "-m", "compileall", "-q", "-o", "2", *missing],
+            capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        left = _run([str(wrapper), "-c", _MISSING_PYC_PROBE], "look again").split()
+        notes.append(
+            f"{len(missing)} modules the daemon loads had no .opt-2.pyc; compiled: {len(missing) - len(left)}"
+            + (f", not writable (compiled in memory at each start, included in the figures): "
+               f"{', '.join(left[:8])}{' ...' if len(left) > 8 else ''} ({done.stderr.strip()[-200:]})"
+               if left else "")
+        )  # fmt: skip
+    else:
+        notes.append(
+            f"the interpreter's standard library ({stdlib}) already has the .opt-2.pyc of every module "
+            "the daemon loads (the official python images ship none: the Dockerfile compiles them)"
+        )
+    for note in notes:
+        say(note)
+    return notes
+
+
+def _write_wrapper(python: str, name: str, env: dict[str, str]) -> str:
+    wrapper = Path(python).with_name(name)
+    exports = "".join(f"{key}={value} " for key, value in env.items())
+    wrapper.write_text(f'#!/bin/sh\n# Written by bench/context.py.\ncd / && {exports}exec "{python}" "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def _sysconfig_path(python: str, key: str) -> str:
+    return _run([python, "-c", f"import sysconfig; print(sysconfig.get_paths()[{key!r}])"], key).strip()
 
 
 def _run(argv: list[str], what: str) -> str:

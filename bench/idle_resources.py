@@ -1,14 +1,16 @@
 """idle_resources: memory and CPU of an idle leader and an idle follower (ttl 10 s).
 
-Both install flavours run side by side on one redis-server: the dev venv (.venv, with the dev
-extras) and a runtime-only venv (`pip install <elector>`, no extras: no rich/pygments), as the
-container image will have; each as a sidecar and in exec mode (`-- sleep infinity`), where the
-keeper process (if any) is reported apart. RSS comes from /proc/PID/status (VmRSS = RssAnon +
+The install flavours run side by side on one redis-server: the dev venv (.venv, with the dev
+extras), and a runtime-only venv (`pip install <elector>`, no extras: no rich/pygments, compiled at
+optimization levels 0 and 2), as the container image has it, run plainly and the image's way
+(PYTHONOPTIMIZE=2, no docstrings: bench/context.py); each as a sidecar and in exec mode (`-- sleep
+infinity`), where the keeper process (if any) is reported apart. The RSS target is judged on the
+image's way. RSS comes from /proc/PID/status (VmRSS = RssAnon +
 RssFile + RssShmem); CPU from utime+stime in /proc/PID/stat, sampled at the start and end of the
 idle window. The RSS is then broken down: per-import increments in the daemon's own import order
 (OpenSSL left out as `elector run` does without TLS) measured in a fresh runtime-venv interpreter,
-what the two savings of issue 13 are worth (aiohttp -> h11, OpenSSL only for rediss://), and the
-largest mappings (shared libraries, heap) of the idle runtime-only leader from smaps.
+what the savings of issue 13 are worth (aiohttp -> h11, OpenSSL only for rediss://, no docstrings),
+and the largest mappings (shared libraries, heap) of the idle leader run the image's way, from smaps.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ CPU_TARGET_PCT = 0.3
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 MODES = {"sidecar": (), "exec": ("--", "sleep", "infinity")}
+DEV = "dev venv (.venv)"
+RUNTIME = "runtime-only venv"
+#: How the container image runs it (Dockerfile: ENV PYTHONOPTIMIZE=2, opt-2 .pyc compiled).
+IMAGE = "runtime-only venv, PYTHONOPTIMIZE=2 (as the image runs)"
 #: What `elector run` does first without TLS (elector/cli/tls.py): asyncio without OpenSSL.
 NO_OPENSSL = "from elector.cli.tls import without_openssl; without_openssl()"
 #: In the daemon's own order, shared dependencies first, so that each increment is what that
@@ -45,21 +51,34 @@ IMPORT_STEPS = [
     ("click", "import click"),
     ("elector (cli, app and the rest)", "import elector.cli.main, elector.daemon.service"),
 ]
-#: The savings: (label, python ("dev" or "runtime"), base statement, before, after).
+#: Everything the daemon imports, in its order.
+DAEMON_IMPORTS = NO_OPENSSL + "; import elector.cli.main, elector.daemon.service"
+#: The savings: (label, python before, python after (DEV, RUNTIME or IMAGE), base statement,
+#: statement before, statement after).
 SAVINGS = [
     (
         "aiohttp (+ aiohttp.web) replaced by h11",
-        "dev",
+        DEV,
+        DEV,
         "import ssl, asyncio, redis.asyncio",
         "import aiohttp, aiohttp.web",
         "import h11",
     ),
     (
         "OpenSSL (ssl, _hashlib) loaded only for rediss://",
-        "runtime",
+        RUNTIME,
+        RUNTIME,
         "",
         "import ssl, asyncio, hashlib",
         NO_OPENSSL + "; import hashlib",
+    ),
+    (
+        "docstrings (PYTHONOPTIMIZE=2, from opt-2 .pyc files: the image's ENV)",
+        RUNTIME,
+        IMAGE,
+        "",
+        DAEMON_IMPORTS,
+        DAEMON_IMPORTS,
     ),
 ]
 _IMPORT_PROBE = """
@@ -152,7 +171,7 @@ def child_rss_kib(pid: int, marker: str) -> int | None:
 
 def run(ctx: Context) -> BenchResult:
     window_s = 30.0 if ctx.quick else 60.0
-    flavours = {"dev venv (.venv)": ctx.dev_python, "runtime-only venv": ctx.runtime_python()}
+    flavours = {DEV: ctx.dev_python, RUNTIME: ctx.runtime_python(), IMAGE: ctx.runtime_python_as_image()}
     logs = ctx.dir("idle-resources")
     usage = Table(
         f"Idle daemons, ttl {TTL}, {window_s:g} s window (MiB = 1024*1024 bytes)",
@@ -188,7 +207,7 @@ def run(ctx: Context) -> BenchResult:
                     flavour, mode, role, mib(rss["VmRSS"]), mib(rss["RssAnon"]), mib(rss["RssFile"]),
                     mib(rss["RssShmem"]), f"{share:.3f} %", "" if keeper is None else mib(keeper),
                 )  # fmt: skip
-                if flavour == "runtime-only venv":  # the target is the image's install
+                if flavour == IMAGE:  # the target is the image's install, run its way
                     targets.append(Target(
                         f"RSS <= {RSS_TARGET_MIB:g} MiB ({flavour}, {mode}, {role})",
                         f"<= {RSS_TARGET_MIB:g} MiB", f"{mib(rss['VmRSS'])} MiB",
@@ -198,11 +217,11 @@ def run(ctx: Context) -> BenchResult:
                     f"CPU <= {CPU_TARGET_PCT:g} % ({flavour}, {mode}, {role})", f"<= {CPU_TARGET_PCT:g} %",
                     f"{share:.3f} %", share <= CPU_TARGET_PCT,
                 ))  # fmt: skip
-            runtime_leader = next(
-                d for f, m, r, d in daemons if f == "runtime-only venv" and m == "sidecar" and r == "leader"
+            image_leader = next(
+                d for f, m, r, d in daemons if f == IMAGE and m == "sidecar" and r == "leader"
             )
-            leader_rss = status_kib(runtime_leader.pid)["VmRSS"]
-            mappings = largest_mappings(runtime_leader.pid)
+            leader_rss = status_kib(image_leader.pid)["VmRSS"]
+            mappings = largest_mappings(image_leader.pid)
         finally:
             for *_, daemon in daemons:
                 daemon.stop()
@@ -214,29 +233,40 @@ def run(ctx: Context) -> BenchResult:
             "(`-- sleep infinity`; the keeper process, when there is one, is measured apart), from the dev "
             "venv (.venv, dev extras installed) and from a runtime-only venv built like the container image "
             "(`python3 -m venv /tmp/elector-bench-rt && pip install <elector>`, no extras: no "
-            f"rich/pygments), all eight on one private redis-server, plain redis:// (no TLS, so no "
+            "rich/pygments; site-packages compiled at optimization levels 0 and 2 like the Dockerfile), "
+            "the latter run plainly and the image's way (PYTHONOPTIMIZE=2 and PYTHONDONTWRITEBYTECODE=1, "
+            "as the Dockerfile's ENV: no docstrings, read from the opt-2 .pyc files), both started in `/` "
+            "like the image (WORKDIR /, so that `python -m elector` imports the installed copy, not the "
+            f"work tree's), all twelve on one private redis-server, plain redis:// (no TLS, so no "
             f"OpenSSL). After a {WARMUP_S:g} s warm-up, CPU = "
             f"(utime+stime from /proc/PID/stat over the {window_s:g} s window) / wall time, as % of one "
             "core; RSS = VmRSS and its "
             "RssAnon/RssFile/RssShmem split from /proc/PID/status at the end of the window. "
-            f"Targets: <= {RSS_TARGET_MIB:g} MB RSS (read as MiB) for the runtime-only install, "
-            f"<= {CPU_TARGET_PCT:g} % of one core for all."
+            f"Targets: <= {RSS_TARGET_MIB:g} MB RSS (read as MiB) for the runtime-only install run the "
+            f"image's way (the plain rows beside it), <= {CPU_TARGET_PCT:g} % of one core for all."
         ),
         tables=[
             usage,
-            _imports_table(ctx.runtime_python(), leader_rss),
-            _savings_table(flavours["dev venv (.venv)"], ctx.runtime_python()),
+            _imports_table(flavours[IMAGE], leader_rss),
+            _savings_table(flavours),
             _mappings_table(mappings),
         ],
         targets=targets,
-        notes=[_extra_modules_note(flavours)],
+        notes=[_extra_modules_note({DEV: flavours[DEV], RUNTIME: flavours[RUNTIME]}), _bytecode_note(ctx)],
+    )
+
+
+def _bytecode_note(ctx: Context) -> str:
+    return (
+        "Bytecode for the image's way (PYTHONOPTIMIZE=2 reads only *.opt-2.pyc; a module without one is "
+        "compiled from source in memory at every start): " + "; ".join(ctx.runtime_bytecode) + "."
     )
 
 
 def _extra_modules_note(flavours: dict[str, str]) -> str:
     """Which modules the dev venv loads on top of the runtime-only one (e.g. rich via structlog.dev)."""
     probe = (
-        f"import sys, json; {NO_OPENSSL}; import elector.cli.main, elector.daemon.service; "
+        f"import sys, json; {DAEMON_IMPORTS}; "
         "print(json.dumps(sorted(name for name, module in sys.modules.items() if module is not None)))"
     )
     loaded = {
@@ -256,8 +286,9 @@ def _extra_modules_note(flavours: dict[str, str]) -> str:
 
 def _imports_table(python: str, daemon_rss_kib: int) -> Table:
     table = Table(
-        "Where the runtime-only RSS goes: per-import increments in import order, and each import "
-        "alone on a bare interpreter (fresh interpreters, medians of 3)",
+        "Where the RSS of the image's way goes (runtime-only venv, PYTHONOPTIMIZE=2): per-import "
+        "increments in import order, and each import alone on a bare interpreter (fresh interpreters, "
+        "medians of 3)",
         ["step", "VmRSS after MiB", "+VmRSS MiB", "+RssAnon MiB", "+RssFile MiB", "+VmRSS alone MiB"],
     )
     previous: dict[str, float] | None = None
@@ -275,18 +306,18 @@ def _imports_table(python: str, daemon_rss_kib: int) -> Table:
     return table
 
 
-def _savings_table(dev_python: str, runtime_python: str) -> Table:
+def _savings_table(pythons: dict[str, str]) -> Table:
     table = Table(
         "Where the saved MiB came from: the same imports before and after, on the same base "
-        "(fresh interpreters, medians of 3; aiohttp measured in the dev venv, which still has it)",
+        "(fresh interpreters, medians of 3; aiohttp measured in the dev venv, which still has it; "
+        "the docstrings: all of the daemon's imports, plain and the image's way)",
         ["change", "on top of", "before +VmRSS MiB", "after +VmRSS MiB", "saved MiB"],
     )
-    pythons = {"dev": dev_python, "runtime": runtime_python}
-    for label, which, base, before, after in SAVINGS:
+    for label, python_before, python_after, base, before, after in SAVINGS:
         added = []
-        for statement in (before, after):
+        for python, statement in ((python_before, before), (python_after, after)):
             steps = [("base", base or "pass"), ("measured", statement)]
-            _, (_, with_base), (_, done) = import_increments(pythons[which], steps)
+            _, (_, with_base), (_, done) = import_increments(pythons[python], steps)
             added.append(done["VmRSS"] - with_base["VmRSS"])
         table.add(label, base.removeprefix("import ") or "a bare interpreter", mib(added[0]), mib(added[1]),
                   mib(added[0] - added[1]))  # fmt: skip
@@ -294,7 +325,9 @@ def _savings_table(dev_python: str, runtime_python: str) -> Table:
 
 
 def _mappings_table(mappings: list[tuple[str, int]]) -> Table:
-    table = Table("Largest mappings of the idle runtime-only leader (smaps Rss)", ["mapping", "Rss MiB"])
+    table = Table(
+        "Largest mappings of the idle leader run the image's way (smaps Rss)", ["mapping", "Rss MiB"]
+    )
     for name, kib in mappings:
         table.add(name, mib(kib))
     return table

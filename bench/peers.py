@@ -36,9 +36,9 @@ NAME = "peers"
 
 
 def _elector_python(ctx: Context) -> tuple[str, str]:
-    """The runtime-only venv (what a container has), else this venv."""
+    """The runtime-only venv run the container image's way (PYTHONOPTIMIZE=2), else this venv."""
     try:
-        return ctx.runtime_python(), "runtime-only venv"
+        return ctx.runtime_python_as_image(), "runtime-only venv, as the image runs it"
     except BenchError as exc:
         ctx.say(f"peers: runtime venv unavailable ({exc}); elector runs from the dev venv")
         return ctx.dev_python, "dev venv"

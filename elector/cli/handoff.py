@@ -15,8 +15,15 @@ from elector.cli.options import (
     invalid_setting,
 )
 
+# help= and not a docstring: the image runs with PYTHONOPTIMIZE=2, which strips docstrings.
+HELP = """Ask the leader of LOCK to stop its work and hand the lease over, and wait until it has.
 
-@click.command(context_settings=CONTEXT)
+Exit codes: 0 handed over within --timeout, 1 not handed over (no leader, unknown or
+current --to, timeout) or Redis unreachable, 2 invalid settings.
+"""
+
+
+@click.command(context_settings=CONTEXT, help=HELP)
 @control_options
 @click.option(
     "--to",
@@ -40,11 +47,6 @@ from elector.cli.options import (
 def handoff(
     *, redis: RedisConnection, lock: str, to: str | None, timeout: float, window: float | None
 ) -> None:
-    """Ask the leader of LOCK to stop its work and hand the lease over, and wait until it has.
-
-    Exit codes: 0 handed over within --timeout, 1 not handed over (no leader, unknown or
-    current --to, timeout) or Redis unreachable, 2 invalid settings.
-    """
     from elector.control.handoff import MAX_WINDOW_S, HandoffError, run_handoff
     from elector.lease import InvalidValueError, check_identity
 

@@ -22,11 +22,15 @@ from elector.cli.options import CONTEXT
 from elector.cli.run import run
 from elector.cli.status import status
 
+# Every command's help is a module constant passed as help=, never the function's docstring: the
+# image runs with PYTHONOPTIMIZE=2, which strips docstrings (tests/cli/test_help_optimized.py).
+HELP = "Leader election for Kubernetes workloads on a Redis lease."
 
-@click.group(context_settings=CONTEXT)
+
+@click.group(context_settings=CONTEXT, help=HELP)
 @click.version_option(__version__, prog_name="elector")
 def cli() -> None:
-    """Leader election for Kubernetes workloads on a Redis lease."""
+    pass
 
 
 for _command in (run, status, handoff, demo, leader_file, operator):

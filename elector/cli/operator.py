@@ -56,18 +56,22 @@ OPERATOR_OPTIONS = (
 )
 
 
+# help= and not a docstring: the image runs with PYTHONOPTIMIZE=2, which strips docstrings.
+HELP = """Run the LeaderElection operator: leader pod labels, Events, status, handoffs.
+
+Several replicas run in hot standby: only the holder of --lock runs the operator.
+"""
+
+
 @click.command(
     "operator",
     context_settings=CONTEXT,
+    help=HELP,
     short_help="Run the Kubernetes operator for LeaderElection resources (needs elector[kube]).",
 )
 @redis_connection(*OPERATOR_REDIS)
 @options(*OPERATOR_OPTIONS)
 def operator(*, redis: RedisConnection, log_format: str, log_level: str, **params: Any) -> None:
-    """Run the LeaderElection operator: leader pod labels, Events, status, handoffs.
-
-    Several replicas run in hot standby: only the holder of --lock runs the operator.
-    """
     # Not kopf yet: command.py imports the operator (and kopf) only once the settings are checked.
     from elector.daemon.settings import SettingsError
     from elector.kube.operator import command

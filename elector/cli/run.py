@@ -11,23 +11,25 @@ from click.core import ParameterSource
 from elector.cli.options import CONTEXT, RUN_OPTIONS, invalid_setting, options
 from elector.cli.tls import tls_configured, without_openssl
 
+# help= and not a docstring: the image runs with PYTHONOPTIMIZE=2, which strips docstrings.
+HELP = """Compete for each LOCK; lead while holding it; publish the role over HTTP and metrics.
 
-@click.command(context_settings=CONTEXT)
+\b
+Exec mode:  elector run --lock NAME [options] -- COMMAND [ARGS...]
+runs COMMAND only while this replica leads, with ELECTOR_LOCK, ELECTOR_IDENTITY,
+ELECTOR_FENCING_TOKEN and ELECTOR_LEASE_TTL_MS in its environment, and stops its whole
+process group before the lease could expire.
+
+Exit codes: 0 stopped by SIGTERM/SIGINT (lease released), 1 fatal error or a second signal,
+2 invalid settings, 3 leadership lost with --exit-on-loss; with --on-child-exit exit, the
+command's own exit code.
+"""
+
+
+@click.command(context_settings=CONTEXT, help=HELP)
 @options(*RUN_OPTIONS)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(*, command: tuple[str, ...], **params: Any) -> None:
-    """Compete for each LOCK; lead while holding it; publish the role over HTTP and metrics.
-
-    \b
-    Exec mode:  elector run --lock NAME [options] -- COMMAND [ARGS...]
-    runs COMMAND only while this replica leads, with ELECTOR_LOCK, ELECTOR_IDENTITY,
-    ELECTOR_FENCING_TOKEN and ELECTOR_LEASE_TTL_MS in its environment, and stops its whole
-    process group before the lease could expire.
-
-    Exit codes: 0 stopped by SIGTERM/SIGINT (lease released), 1 fatal error or a second signal,
-    2 invalid settings, 3 leadership lost with --exit-on-loss; with --on-child-exit exit, the
-    command's own exit code.
-    """
     # No TLS configured: no OpenSSL in this process (4.5 MiB less RSS), decided before the
     # first import of asyncio (see elector/cli/tls.py).
     if not tls_configured(

@@ -8,8 +8,15 @@ import click
 
 from elector.cli.options import CONTEXT, DURATION, RedisConnection, control_options, control_url
 
+# help= and not a docstring: the image runs with PYTHONOPTIMIZE=2, which strips docstrings.
+HELP = """Show who holds LOCK, its fencing token and remaining TTL, and the registered candidates.
 
-@click.command(context_settings=CONTEXT)
+Read without contending. Exit codes: 0 read (held or free; with --watch: interrupted by
+SIGINT/SIGTERM), 1 Redis unreachable or unreadable, 2 invalid settings.
+"""
+
+
+@click.command(context_settings=CONTEXT, help=HELP)
 @control_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (one per line with --watch).")
 @click.option("--timeout", type=DURATION, default="2s", show_default=True, help="Redis request timeout.")
@@ -20,11 +27,6 @@ from elector.cli.options import CONTEXT, DURATION, RedisConnection, control_opti
     "candidates joining or leaving) until interrupted.",
 )
 def status(*, redis: RedisConnection, lock: str, as_json: bool, timeout: float, watch: bool) -> None:
-    """Show who holds LOCK, its fencing token and remaining TTL, and the registered candidates.
-
-    Read without contending. Exit codes: 0 read (held or free; with --watch: interrupted by
-    SIGINT/SIGTERM), 1 Redis unreachable or unreadable, 2 invalid settings.
-    """
     import json
 
     from elector.control.status import StatusError, read_status, watch_status

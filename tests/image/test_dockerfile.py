@@ -237,6 +237,31 @@ def test_byte_compiled_at_build_time_for_a_read_only_root_filesystem(final: Stag
     assert env.get("PYTHONDONTWRITEBYTECODE") == "1" and env.get("PYTHONUNBUFFERED") == "1", env
 
 
+def test_runs_without_docstrings_from_opt_2_bytecode(final: Stage) -> None:
+    """PYTHONOPTIMIZE=2 saves the docstrings' memory only if the *.opt-2.pyc files are in the image.
+
+    Python reads the .pyc of its own optimization level only; without them every start compiles
+    its imports in memory (more RSS, not less). The official python images ship the standard
+    library without any .pyc, so it is compiled too.
+    """
+    assert final.key_values("ENV").get("PYTHONOPTIMIZE") == "2"
+    compiled: dict[str, set[str]] = {}
+    # Regular expressions, not shlex: the paths are "$(python -c '...["purelib"]')", inline or
+    # in a shell variable first.
+    variables = dict(re.findall(r'(\w+)="\$\(python -c [^)]*get_paths\(\)\["(\w+)"\]', final.run_text()))
+    for command in final.run_text().split("&&"):
+        if "python -m compileall" in command:
+            levels = set(re.findall(r"\s-o\s*(\d)", command))
+            keys = re.findall(r'get_paths\(\)\["(\w+)"\]', command)
+            keys += [variables[name] for name in re.findall(r'"\$(\w+)"', command) if name in variables]
+            for key in keys:
+                compiled.setdefault(key, set()).update(levels)
+    assert "2" in compiled.get("purelib", set()), compiled
+    assert "2" in compiled.get("stdlib", set()), compiled
+    # Level 0 as well for the packages: a run with PYTHONOPTIMIZE unset still finds its .pyc.
+    assert "0" in compiled["purelib"], compiled
+
+
 def test_no_compilers_in_the_final_stage(stages: list[Stage], final: Stage) -> None:
     packages = apt_packages(final)
     assert not packages & COMPILERS, f"compilers in the final stage: {packages & COMPILERS}"

@@ -1,7 +1,8 @@
 """The image's install steps, replayed without Docker.
 
 The Dockerfile's builder stage runs `pip wheel --wheel-dir /wheels '.[kube]'` and its runtime stage
-`pip install --no-index --find-links /wheels 'elector[kube]'`, then byte-compiles site-packages. This test
+`pip install --no-index --find-links /wheels 'elector[kube]'`, then byte-compiles site-packages (at the
+optimization levels 0 and 2: the image runs with PYTHONOPTIMIZE=2). This test
 does the same in a temporary directory: wheels built from a temporary copy of the sources (so the
 build writes nothing into the work tree, with the machine's package index configuration as is), then
 installed into a fresh virtualenv with every package index and pip configuration switched off, so the
@@ -84,7 +85,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-index",
         "--find-links", wheels, "elector[kube]", env=_offline_env(),
     )  # fmt: skip
-    _run(python, "-m", "compileall", "-q", venv / "lib", env=_offline_env())
+    # Both optimization levels, like the image (which runs with PYTHONOPTIMIZE=2).
+    _run(python, "-m", "compileall", "-q", "-o", "0", "-o", "2", venv / "lib", env=_offline_env())
     print(f"wheels + venv + install: {time.monotonic() - started:.1f}s")
     return wheels, venv
 
@@ -141,3 +143,29 @@ def test_installed_elector_runs(installed: tuple[Path, Path]) -> None:
     # The console script runs the installed package, not the work tree's sources.
     origin = _run(venv / "bin" / "python", "-c", "import elector; print(elector.__file__)", env=env)
     assert Path(origin.strip()).is_relative_to(venv), origin
+
+
+def test_the_daemon_runs_from_opt_2_bytecode_as_in_the_image(installed: tuple[Path, Path]) -> None:
+    """Under PYTHONOPTIMIZE=2 (the image's ENV) every module the daemon loads from the install has its
+    *.opt-2.pyc: nothing is compiled in memory at start-up, and the help texts survive -OO."""
+    _, venv = installed
+    env = {**_offline_env(), "HOME": os.devnull, "PYTHONDONTWRITEBYTECODE": "1"}
+    probe = (
+        "import sys\n"
+        "from elector.cli.tls import without_openssl; without_openssl()\n"
+        "import elector.cli.main, elector.daemon.service\n"
+        "if sys.flags.optimize != 2: sys.exit('not optimized')\n"  # an assert would be stripped
+        "for m in list(sys.modules.values()):\n"
+        "    cached = getattr(m, '__cached__', None)\n"
+        "    if cached and cached.startswith(sys.prefix): print(cached)\n"
+    )
+    cached = _run(venv / "bin" / "python", "-c", probe, env={**env, "PYTHONOPTIMIZE": "2"}).split()
+    assert any("/elector/" in path for path in cached) and any("/redis/" in path for path in cached)
+    assert all(path.endswith(".opt-2.pyc") for path in cached), cached
+    missing = [path for path in cached if not Path(path).is_file()]
+    assert not missing, f"compiled in memory at each start (no .opt-2.pyc): {missing}"
+    elector = venv / "bin" / "elector"
+    for command in ([], ["run"], ["leader-file", "check"]):
+        plain = _run(elector, *command, "--help", env={**env, "COLUMNS": "100"})
+        optimized = _run(elector, *command, "--help", env={**env, "COLUMNS": "100", "PYTHONOPTIMIZE": "2"})
+        assert optimized == plain
