@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-import pytest
-
 from bench.common import BenchResult, Stats
 from bench.peer_probes import requests_of
 from bench.peer_trials import Idle, Line, read_journal
@@ -96,17 +94,3 @@ def test_a_section_shows_its_images_relative_to_the_docs(tmp_path: Path) -> None
     section = render_section(result, run, docs_dir=docs)
 
     assert "![Graceful handoff](img/bench/peers-handoff.png)" in section
-
-
-def test_plots_write_pngs(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
-    from bench import plots
-
-    dist, lines = tmp_path / "dist.png", tmp_path / "locks.png"
-    plots.plot_distributions(dist, samples={"elector": [12.0, 14.0], "etcd": []}, xlabel="ms", title="t")
-    plots.plot_vs_locks(lines, locks=[100, 1000], series={"rss": [40.0, 55.0]}, ylabel="MiB", title="t")
-
-    for path in (dist, lines):
-        assert path.read_bytes().startswith(b"\x89PNG")
-    with pytest.raises(ValueError, match="values for 2 lock counts"):
-        plots.plot_vs_locks(lines, locks=[100, 1000], series={"rss": [1.0]}, ylabel="MiB", title="t")
