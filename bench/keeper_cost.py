@@ -23,22 +23,20 @@ interpreter's. The runs alternate A and B, so that a busy machine weighs on both
     python -m bench.keeper_cost --handoff [--rounds N]
 
 The whole exec-mode handoff, for development (the official figures are bench/peers.py's): three
-`elector run` daemons at ttl 2 s on a private redis-server, each running a tiny Python command that
-appends `time.time()` to a journal first thing. The leader's daemon gets SIGTERM N times; each
-sample is SIGTERM -> the next leader's journal line. The spawn floor is Popen of the same command
--> its journal line.
+`elector run` daemons at ttl 2 s on a private redis-server, each running the peers benchmark's
+command (bench/peer_candidates/work.py under `python -I -S`: it appends `time.time()` to a journal
+first thing). The leader's daemon gets SIGTERM N times; each sample is SIGTERM -> the next
+leader's journal line. The spawn floor is bench/peers.py's: Popen of that same command -> its line.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import random
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -200,80 +198,56 @@ def table(results: dict[str, list[float]], runs: int) -> str:
     return "\n".join(lines)
 
 
-#: Appends "wall-clock identity" to the journal first thing, then waits for SIGTERM.
-JOURNAL_COMMAND = (
-    "import os, sys, time; t = time.time(); f = open(sys.argv[1], 'a'); "
-    'f.write(f\'{t!r} {os.environ.get("ELECTOR_IDENTITY", "floor")}\\n\'); f.close(); time.sleep(1000)'
-)
-
-
-def _journal(path: Path) -> list[tuple[float, str]]:
-    lines = []
-    for line in _read(path).splitlines():
-        stamp, _, who = line.partition(" ")
-        with contextlib.suppress(ValueError):
-            lines.append((float(stamp), who))
-    return lines
-
-
-def _wait_journal(path: Path, count: int, *, timeout_s: float = 20.0) -> tuple[float, str]:
-    """The `count`-th journal line, polled every ms."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        lines = _journal(path)
-        if len(lines) >= count:
-            return lines[count - 1]
-        time.sleep(0.001)
-    raise RuntimeError(f"no journal line {count} within {timeout_s}s")
-
-
-def spawn_floor(directory: Path, runs: int) -> list[float]:
-    """Popen of the journal command -> its first line."""
-    samples = []
-    for i in range(runs + 1):
-        journal = directory / f"floor-{i}"
-        began = time.time()
-        proc = subprocess.Popen([sys.executable, "-c", JOURNAL_COMMAND, str(journal)])
-        stamp, _ = _wait_journal(journal, 1)
-        proc.terminate()
-        proc.wait()
-        if i:  # the first run warms the page cache
-            samples.append(stamp - began)
-    return samples
-
-
 def handoff(rounds: int) -> tuple[list[float], list[float]]:
-    """(SIGTERM -> next leader's first journal line per round, the spawn floor per run)."""
+    """(SIGTERM -> next leader's first journal line per round, the spawn floor per run).
+
+    The command, the journal and the floor are the peers benchmark's own (bench/peer_trials.py,
+    bench/peer_candidates/work.py run as `python -I -S`), so the floor compares with its figures."""
     from bench.common import Daemon, RedisLab  # imports redis: only here
+    from bench.peer_systems import work_cmd
+    from bench.peer_trials import read_journal
+    from bench.peer_trials import spawn_floor as peers_spawn_floor
 
     lock = "bench-keeper-handoff"
     with tempfile.TemporaryDirectory() as tmp, RedisLab() as lab:
         directory = Path(tmp)
-        floor = spawn_floor(directory, rounds)
+        floor_journal = directory / "floor"
+        peers_spawn_floor(work_cmd(floor_journal, "floor"), floor_journal, runs=1)  # warms the page cache
+        floor = peers_spawn_floor(work_cmd(floor_journal, "floor"), floor_journal, runs=rounds)
         journal = directory / "journal"
         lab.seed(lock)
+
+        def line(count: int, *, timeout_s: float = 20.0) -> tuple[float, str]:
+            """The `count`-th journal line (time, candidate), polled every ms."""
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                lines = read_journal(journal)
+                if len(lines) >= count:
+                    return lines[count - 1].t, lines[count - 1].cid
+                time.sleep(0.001)
+            raise RuntimeError(f"no journal line {count} within {timeout_s}s")
 
         def daemon(identity: str, incarnation: int) -> Daemon:
             return Daemon(
                 python=sys.executable, redis_url=lab.url, lock=lock, identity=identity, ttl="2s",
                 log_path=directory / f"{identity}-{incarnation}.log",
-                extra_args=["--", sys.executable, "-c", JOURNAL_COMMAND, str(journal)],
+                extra_args=["--", *work_cmd(journal, identity)],
             ).start()  # fmt: skip
 
         daemons = {name: daemon(name, 0) for name in ("a", "b", "c")}
         samples: list[float] = []
         try:
-            _, first = _wait_journal(journal, 1)
+            _, first = line(1)
             for d in daemons.values():
                 if d.identity != first:
                     d.wait_following()
             for round_no in range(1, rounds + 1):
                 time.sleep(random.uniform(0.3, 1.0))
-                lines = _journal(journal)
-                leader = daemons[lines[-1][1]]
+                lines = read_journal(journal)
+                leader = daemons[lines[-1].cid]
                 signalled_at = time.time()
                 os.kill(leader.pid, signal.SIGTERM)
-                stamp, who = _wait_journal(journal, len(lines) + 1)
+                stamp, who = line(len(lines) + 1)
                 if who == leader.identity:
                     raise RuntimeError(f"{who} started the command again after SIGTERM")
                 samples.append(stamp - signalled_at)
@@ -299,7 +273,8 @@ def handoff_table(samples: list[float], floor: list[float]) -> str:
     floor_ms = statistics.median(floor) * 1000
     return "\n".join([
         f"exec-mode handoff, 3 daemons at ttl 2 s, {len(samples)} rounds, on {os.cpu_count()} cores",
-        f"  spawn floor (Popen -> first line):    p50 {ms(floor, 50)}  p99 {ms(floor, 99)}",
+        f"  spawn floor (Popen of `python -I -S work.py` -> first line, as bench/peers.py):\n"
+        f"                                        p50 {ms(floor, 50)}  p99 {ms(floor, 99)}",
         f"  SIGTERM -> new leader's first line:   p50 {ms(samples, 50)}  p99 {ms(samples, 99)}"
         f"  (max {max(samples) * 1000:.1f} ms)",
         f"  targets: p50 <= {floor_ms + 6:.1f} ms, p99 <= {floor_ms + 15:.1f} ms (floor p50 + 6 / + 15)",

@@ -63,6 +63,13 @@ class Run:
     ended_at: float | None = None
     stopping: bool = False
     natural_exit: ChildExit | None = None
+    #: The child's exit code as stop() read it through its pidfd, before asyncio reported it.
+    seen_returncode: int | None = None
+
+    @property
+    def returncode(self) -> int | None:
+        code = self.process.returncode
+        return code if code is not None else self.seen_returncode
 
     @property
     def pid(self) -> int:

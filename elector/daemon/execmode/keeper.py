@@ -24,6 +24,15 @@ keeper closes that gap without depending on the daemon:
   and, the keeper being a child subreaper, every process reparented to it (escaped daemons).
 * When the command exits by itself the keeper stops what it left behind (TERM, KILL after the
   grace) before exiting, so no leftover runs unwatched.
+* "Tree gone" (`--status-fd`): right before it exits with the tree verified empty, the keeper
+  writes `TREE_GONE` on its status pipe, so that the daemon can skip a /proc scan of its own. Only
+  as a child subreaper: then every process of the tree is a descendant of the keeper (orphans are
+  reparented to it, the session and group are forked from it), so "no child left" (waitpid: ECHILD)
+  proves the whole tree gone, and nothing can escape to the daemon (a subreaper too) while the
+  keeper lives. Without the report (no subreaper, killed before it) the daemon scans as before.
+* Cheap stop: after the supervisor's SIGTERM (which reached the whole group) the keeper first
+  waits up to `TERM_SCAN_DELAY_S` for the command's exit, then scans /proc only if processes are
+  left (members that moved out of the group); the verification above needs no scan at all.
 * Parked (`--parked`): the daemon starts a keeper ahead of time, while it does not lead, so that
   an acquisition costs no interpreter start. It waits on its pipe for the start order
   (`encode_start`: the first validity end and the command's environment, in one write) and then
@@ -50,6 +59,11 @@ import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
+
+try:  # imported now, not on the exit path (exit_like)
+    import resource
+except ImportError:  # pragma: no cover - not on Linux
+    resource = None  # type: ignore[assignment]
 
 
 def _boottime_clock_id() -> int | None:
@@ -78,6 +92,11 @@ PARENT_DEATH_SIGNAL = signal.SIGUSR1
 MAX_WAIT_S = 0.25
 #: How often the tree is looked at again while it is being stopped.
 STOP_POLL_S = 0.01
+#: After the supervisor's SIGTERM to the group, how long the keeper waits for the command to exit
+#: before it scans /proc for members outside the group (the scan would slow the dying command).
+TERM_SCAN_DELAY_S = STOP_POLL_S
+#: Written on the status pipe right before the keeper exits with its tree verified empty.
+TREE_GONE = b"gone\n"
 #: The longest validity line accepted; anything longer is garbage, not a deadline.
 _MAX_LINE = 64
 #: The start order: its header line's longest length, and the largest environment it may carry
@@ -300,11 +319,20 @@ class Keeper:
     """The keeper's main loop. See the module doc."""
 
     def __init__(
-        self, command: Sequence[str], *, schedule: Schedule, control_fd: int, parent_pid: int
+        self,
+        command: Sequence[str],
+        *,
+        schedule: Schedule,
+        control_fd: int,
+        parent_pid: int,
+        status_fd: int | None = None,
     ) -> None:
         self.command = list(command)
         self.schedule = schedule
         self.control_fd: int | None = control_fd
+        self.status_fd = status_fd
+        #: Whether orphans of the tree are reparented to us (then children = the whole tree).
+        self.subreaper = False
         self.parent_pid = parent_pid
         self.me = os.getpid()
         self.child_pid = 0
@@ -344,7 +372,12 @@ class Keeper:
         if self.control_fd is not None:
             os.set_inheritable(self.control_fd, False)  # the command must not hold the daemon's pipe
             os.set_blocking(self.control_fd, False)
-        _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+        if self.status_fd is not None:
+            try:
+                os.set_inheritable(self.status_fd, False)  # nor the status pipe: its EOF is ours
+            except OSError:  # not open: report nothing (the daemon then scans for itself)
+                self.status_fd = None
+        self.subreaper = _prctl(_PR_SET_CHILD_SUBREAPER, 1)
         if _prctl(_PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL) and os.getppid() != self.parent_pid:
             self._parent_gone = True  # it died before the death signal was armed
 
@@ -428,13 +461,55 @@ class Keeper:
                     self.schedule.begin_stop(now)
                     if why == "daemon_gone":  # the other reasons are the daemon's to log
                         _log("keeper_stopping", reason=why, command_pid=self.child_pid)
+            if self.child_status is not None and self._descendants_gone():
+                self._report_gone()
+                return self.child_status
+            if self._scan_deferred(now):
+                # The group has the supervisor's TERM: give it a moment to exit (each exit of a
+                # child wakes us) before the scan for members outside the group.
+                self._wait(min(self.schedule.wait_s(now), self.schedule.term_at + TERM_SCAN_DELAY_S - now))
+                continue
             if self.child_status is not None or self.schedule.due(now) is not None:
                 # The /proc scan is the costly part: only when the tree is being stopped.
                 tree = tree_of(self.me)
                 if self.child_status is not None and not tree:
+                    # As a subreaper, an empty scan is proof too: the descendants that left the
+                    # session and group were reparented to us when their parents died.
+                    if self.subreaper:
+                        self._report_gone()
                     return self.child_status
                 self._act(now, tree)
             self._wait(self.schedule.wait_s(boottime()))
+
+    def _scan_deferred(self, now: float) -> bool:
+        """Whether the first scan of a stop that the supervisor's TERM began may wait a little."""
+        return (
+            self.reason == "terminated"
+            and not self._group_termed
+            and self.schedule.due(now) is signal.SIGTERM
+            and now < self.schedule.term_at + TERM_SCAN_DELAY_S
+        )
+
+    def _descendants_gone(self) -> bool:
+        """As a subreaper, whether no child is left (all reaped): then no process of the tree is
+        (see the module doc). Cheaper than a /proc scan; False when it cannot tell."""
+        if not self.subreaper:
+            return False
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return True
+            if pid == 0:
+                return False  # a child still runs
+            if pid == self.child_pid:
+                self.child_status = status
+
+    def _report_gone(self) -> None:
+        """Tell the daemon the tree is gone; nothing runs after this but our own exit."""
+        if self.status_fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(self.status_fd, TREE_GONE)
 
     def _stop_reason(self) -> str:
         if self._parent_gone:
@@ -512,12 +587,8 @@ def exit_like(status: int) -> None:
     """Leave the way the command did: its exit code, or death by its signal."""
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        try:
-            import resource
-
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # AttributeError: no resource
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the command's core is not ours to dump
-        except (ImportError, OSError, ValueError):
-            pass
         signal.set_wakeup_fd(-1)
         with contextlib.suppress(OSError, ValueError):  # SIGKILL's disposition cannot change
             signal.signal(sig, signal.SIG_DFL)
@@ -529,7 +600,7 @@ def exit_like(status: int) -> None:
 
 def parse_args(argv: Sequence[str]) -> tuple[dict[str, float], list[str]]:
     """`--control-fd N --parent-pid P (--valid-until T | --parked) --kill-grace-s G --margin-s M
-    -- COMMAND...`; `--parked` shows as `values["parked"] == 1.0`."""
+    [--status-fd S] -- COMMAND...`; `--parked` shows as `values["parked"] == 1.0`."""
     if "--" not in argv:
         raise ValueError("no command: the arguments must end with -- COMMAND [ARGS...]")
     split = list(argv).index("--")
@@ -544,7 +615,7 @@ def parse_args(argv: Sequence[str]) -> tuple[dict[str, float], list[str]]:
     names += () if values else ("--valid-until",)
     while options:
         name = options.pop(0)
-        if name not in names or not options:
+        if name not in (*names, "--status-fd") or not options:
             raise ValueError(f"unknown option or missing value: {name!r}")
         try:
             values[name[2:].replace("-", "_")] = float(options.pop(0))
@@ -569,8 +640,13 @@ def main(argv: Sequence[str]) -> None:
     except ValueError as exc:
         _log("keeper_bad_arguments", error=str(exc))
         os._exit(2)
+    status_fd = values.get("status_fd")
     keeper = Keeper(
-        command, schedule=schedule, control_fd=int(values["control_fd"]), parent_pid=int(values["parent_pid"])
+        command,
+        schedule=schedule,
+        control_fd=int(values["control_fd"]),
+        parent_pid=int(values["parent_pid"]),
+        status_fd=None if status_fd is None else int(status_fd),
     )
     env = None
     try:

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from elector.daemon.execmode import keeper as _keeper
-from elector.daemon.execmode.keeper import Schedule, encode_start
+from elector.daemon.execmode.keeper import TREE_GONE, Schedule, encode_start
 
 #: Loads keeper.py in a bare interpreter (-I: no environment, -S: no site-packages) through the
 #: import system, so that its cached bytecode is used, under a name of its own (not `elector`).
@@ -31,9 +31,10 @@ _PIPE_CAPACITY = 65536
 class KeeperLink:
     """The daemon's end of one keeper: the argv that starts it, and the pipe that feeds it.
 
-    Make one per run of the command; pass `read_fd` to the child (pass_fds) and call
-    `spawned()` after the spawn. `send` never blocks: a full pipe (a keeper that does not read)
-    drops the update, which can only make the keeper stop the command earlier.
+    Make one per run of the command; pass `pass_fds` to the child and call `spawned()` after the
+    spawn. `tree_gone()` tells whether the keeper reported its tree empty (see keeper.py).
+    `send` never blocks: a full pipe (a keeper that does not read) drops the update, which can
+    only make the keeper stop the command earlier.
 
     `KeeperLink.parked()` makes the link of a parked keeper: it starts nothing until `launch()`
     hands it the first validity end and the command's environment.
@@ -47,6 +48,10 @@ class KeeperLink:
         self.margin_s = margin_s
         self.read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)
+        #: The keeper -> daemon status pipe: the keeper writes TREE_GONE on it before it exits.
+        self._status_fd, self.status_write_fd = os.pipe()
+        os.set_blocking(self._status_fd, False)
+        self._status = b""
         self.dropped = 0
 
     @classmethod
@@ -64,11 +69,32 @@ class KeeperLink:
     def closed(self) -> bool:
         return self._write_fd < 0
 
+    @property
+    def pass_fds(self) -> tuple[int, ...]:
+        """The keeper's ends of the pipes, for the spawn (empty once `spawned()`)."""
+        return tuple(fd for fd in (self.read_fd, self.status_write_fd) if fd >= 0)
+
+    def tree_gone(self) -> bool:
+        """Whether the keeper reported that its command's whole tree is gone (it writes that
+        right before it exits, so nothing of the tree can run any more). Never blocks."""
+        while TREE_GONE not in self._status and self._status_fd >= 0 and len(self._status) < 64:
+            try:
+                data = os.read(self._status_fd, 64)
+            except BlockingIOError:
+                break
+            except OSError:
+                data = b""
+            if not data:
+                break
+            self._status += data
+        return TREE_GONE in self._status
+
     def argv(self, command: Sequence[str]) -> list[str]:
         timing = ["--parked"] if self.valid_until is None else ["--valid-until", repr(self.valid_until)]
         return [
             sys.executable, "-I", "-S", "-c", _BOOTSTRAP, _KEEPER_PATH,
             "--control-fd", str(self.read_fd),
+            "--status-fd", str(self.status_write_fd),
             "--parent-pid", str(os.getpid()),
             *timing,
             "--kill-grace-s", repr(self.kill_grace_s),
@@ -77,10 +103,13 @@ class KeeperLink:
         ]  # fmt: skip
 
     def spawned(self) -> None:
-        """The keeper holds its end now: ours must go, or its EOF would never come."""
+        """The keeper holds its ends now: ours must go, or their EOFs would never come."""
         if self.read_fd >= 0:
             os.close(self.read_fd)
             self.read_fd = -1
+        if self.status_write_fd >= 0:
+            os.close(self.status_write_fd)
+            self.status_write_fd = -1
 
     def launch(self, *, valid_until: float, env: Mapping[str, str]) -> bool:
         """Order a parked keeper to start the command: one write, never blocking. False when it
@@ -115,7 +144,12 @@ class KeeperLink:
         return True
 
     def close(self) -> None:
+        """Close our ends; `tree_gone()` keeps what it read (the stop asks after the close)."""
+        self.tree_gone()
         self.spawned()
         if self._write_fd >= 0:
             os.close(self._write_fd)
             self._write_fd = -1
+        if self._status_fd >= 0:
+            os.close(self._status_fd)
+            self._status_fd = -1

@@ -203,6 +203,29 @@ class ExitWatch:
         if not self._pending:
             self._wake.set()
 
+    def exit_code(self, pid: int) -> int | None:
+        """The exit code (negative: the killing signal, as asyncio reports it) of our child `pid`
+        once it has exited, read without reaping it (WNOWAIT: asyncio still reaps and reports
+        it, later: a thread hop in 3.11); None while it runs, or when that cannot be read."""
+        fd = self._fds.get(pid)
+        opened = -1
+        try:
+            if fd is None:
+                if not self.available:
+                    return None
+                fd = opened = os.pidfd_open(pid)
+            found = os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except OSError:  # gone (reaped meanwhile), not our child, or no pidfd support
+            return None
+        finally:
+            if opened >= 0:
+                os.close(opened)
+        if found is None or found.si_pid != pid:
+            return None
+        if found.si_code == os.CLD_EXITED:
+            return found.si_status
+        return -found.si_status if found.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else None
+
     def _fired(self, pid: int) -> None:
         # Readable for good once the process exited: stop watching it, or the loop would spin.
         self._loop.remove_reader(self._fds[pid])

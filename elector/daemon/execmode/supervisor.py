@@ -250,7 +250,7 @@ class ChildSupervisor:
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,
-                pass_fds=() if keeper is None else (keeper.read_fd,),
+                pass_fds=() if keeper is None else keeper.pass_fds,
             )
             self._children.waited.add(process.pid)
         finally:
@@ -404,12 +404,12 @@ class ChildSupervisor:
             survivors = await self._terminate(run)
             runtime_s = (run.ended_at or time.monotonic()) - run.started_at
             ended = run.natural_exit or child_exit(
-                run.pid, run.process.returncode, stopped_by_us=True, runtime_s=runtime_s
+                run.pid, run.returncode, stopped_by_us=True, runtime_s=runtime_s
             )
             result = dataclasses.replace(ended, survivors=survivors)
             if survivors:
                 self._log.error("child_tree_survived_kill", pid=run.pid, survivors=list(survivors))
-            if not run.exited.is_set() and run.watcher is not None:
+            if run.returncode is None and run.watcher is not None:
                 # A child stuck past SIGKILL: asyncio still reaps it whenever it dies (its pid
                 # stays protected from the reaper); nobody is left to report that exit.
                 run.watcher.cancel()
@@ -451,6 +451,9 @@ class ChildSupervisor:
                     async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                         await run.wake.wait()  # or a hurry
                 run.wake.clear()
+                # It reported its tree gone right before it exited: no scan (see keeper.py).
+                if run.keeper.tree_gone() and self._exited(run, watch):
+                    return ()
             tree = self._tree(run)
             group = [proc.pid for proc in tree if proc.pgid == run.pid and proc.alive]
             if group and (group_signalled or send_signal(run.pid, sig, group=True)):
@@ -470,6 +473,8 @@ class ChildSupervisor:
                 if not alive:
                     # The child is dead too (always in its session), and its orphans were ours
                     # before it turned zombie: only its reaping is left, which asyncio does.
+                    if self._exited(run, watch):
+                        return ()
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(max(0.0, deadline - now)):
                             await run.exited.wait()
@@ -488,6 +493,14 @@ class ChildSupervisor:
                 tree = self._tree(run)
         finally:
             watch.close()
+
+    @staticmethod
+    def _exited(run: Run, watch: ExitWatch) -> bool:
+        """Whether the child has exited, its code known: reported by asyncio, or read through its
+        pidfd (asyncio's report comes a thread hop later, and the stop need not wait for it)."""
+        if run.returncode is None and not run.exited.is_set():
+            run.seen_returncode = watch.exit_code(run.pid)
+        return run.returncode is not None
 
     def _tree(self, run: Run) -> list[Proc]:
         """The child's session, plus what left it and got reparented to us (see the module doc)."""

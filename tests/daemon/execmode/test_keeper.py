@@ -180,7 +180,7 @@ def start_keeper(
     log = tmp_path / f"keeper-{len(keepers)}.log"
     with log.open("ab") as out:
         process = subprocess.Popen(
-            link.argv(["sh", "-c", script]), pass_fds=(link.read_fd,), start_new_session=True,
+            link.argv(["sh", "-c", script]), pass_fds=link.pass_fds, start_new_session=True,
             stdin=subprocess.DEVNULL, stdout=out, stderr=out,
         )  # fmt: skip
     link.spawned()
@@ -384,7 +384,7 @@ PARENT = textwrap.dedent(
     from elector.daemon.execmode.keeper import boottime
     from elector.daemon.execmode.keeper_link import KeeperLink
     link = KeeperLink(valid_until=boottime() + 60, kill_grace_s=0.3, margin_s=0.4)
-    keeper = subprocess.Popen(link.argv(["sh", "-c", sys.argv[3]]), pass_fds=(link.read_fd,),
+    keeper = subprocess.Popen(link.argv(["sh", "-c", sys.argv[3]]), pass_fds=link.pass_fds,
                               start_new_session=True)
     link.spawned()
     # Someone else holds the pipe's write end too: our death shows no EOF, only the death signal.
@@ -464,7 +464,7 @@ def park_keeper(keepers: list[Started], tmp_path: Path, script: str, *, grace_s:
     log = tmp_path / f"keeper-{len(keepers)}.log"
     with log.open("ab") as out:
         process = subprocess.Popen(
-            link.argv(["sh", "-c", script]), pass_fds=(link.read_fd,), start_new_session=True,
+            link.argv(["sh", "-c", script]), pass_fds=link.pass_fds, start_new_session=True,
             stdin=subprocess.DEVNULL, stdout=out, stderr=out,
             env={"PATH": os.environ["PATH"], "KEEPER_OWN": "1"},
         )  # fmt: skip
@@ -529,7 +529,7 @@ PARKED_PARENT = textwrap.dedent(
     sys.path.insert(0, sys.argv[1])
     from elector.daemon.execmode.keeper_link import KeeperLink
     link = KeeperLink.parked(kill_grace_s=0.3, margin_s=0.4)
-    keeper = subprocess.Popen(link.argv(["sh", "-c", sys.argv[3]]), pass_fds=(link.read_fd,),
+    keeper = subprocess.Popen(link.argv(["sh", "-c", sys.argv[3]]), pass_fds=link.pass_fds,
                               start_new_session=True)
     link.spawned()
     # Someone else holds the pipe's write end too: our death shows no EOF, only the death signal.
@@ -583,9 +583,7 @@ def test_a_command_that_exits_on_term_ends_the_keeper_without_its_stop_poll(
     argv = link.argv(["sh", "-c", f"echo $$ > {tmp_path}/c.pid; sleep 1000 & wait"])
     assert argv[3:5] == ["-c", _BOOTSTRAP]
     argv[4] = NO_POLL_BOOTSTRAP
-    process = subprocess.Popen(
-        argv, pass_fds=(link.read_fd,), start_new_session=True, stdin=subprocess.DEVNULL
-    )
+    process = subprocess.Popen(argv, pass_fds=link.pass_fds, start_new_session=True, stdin=subprocess.DEVNULL)
     link.spawned()
     keepers.append(Started(link, process, tmp_path / "none.log"))
     if parked:

@@ -1,0 +1,115 @@
+"""The keeper's "tree gone" report (keeper.py's status pipe) and the stop that trusts it: the report
+comes only after the whole tree is gone, never from a keeper killed before it verified that, and
+with it stop() needs no /proc scan of its own. Real processes, as in test_keeper.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from elector.daemon.execmode.keeper_link import KeeperLink
+from elector.daemon.execmode.proctree import Proc
+from elector.daemon.execmode.supervisor import ChildExit, ChildSupervisor
+from tests.daemon.execmode.test_keeper import (
+    GRACE_S,
+    Started,
+    keepers,  # noqa: F401 - the fixture
+    running,
+    start_keeper,
+    wait_for_pids,
+)
+from tests.daemon.execmode.test_stop_and_park import link, supervisor_for
+from tests.daemon.execmode.test_supervisor import read_pids
+
+#: A command and a grandchild that both exit on TERM.
+BOTH_EXIT = "sleep 1000 & echo $! $$ > {d}/tree.pid; wait"
+
+
+def test_a_keeper_reports_its_tree_gone_only_after_all_of_it_ended(
+    keepers: list[Started],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    # The command exits at once and leaves a child that ignores TERM: the keeper must KILL it
+    # after the grace before it may report anything.
+    script = f"sh -c 'trap \"\" TERM; echo $$ > {tmp_path}/left.pid; while :; do sleep 0.05; done' & exit 0"
+    keeper = start_keeper(keepers, tmp_path, script, valid_in_s=3600, grace_s=GRACE_S)
+    [leftover] = wait_for_pids(tmp_path / "left.pid", 1)
+
+    assert keeper.process.wait(timeout=30) == 0  # the command's own status
+    assert keeper.link.tree_gone()
+    assert not running(leftover)
+
+
+def test_a_keeper_stopped_by_the_groups_term_reports_its_tree_gone(
+    keepers: list[Started],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    keeper = start_keeper(keepers, tmp_path, BOTH_EXIT.format(d=tmp_path), valid_in_s=3600)
+    pids = wait_for_pids(tmp_path / "tree.pid", 2)
+    assert not keeper.link.tree_gone(), "nothing is reported while the tree runs"
+
+    os.killpg(keeper.process.pid, signal.SIGTERM)  # the supervisor's stop
+
+    assert keeper.process.wait(timeout=30) == -signal.SIGTERM
+    assert keeper.link.tree_gone()
+    assert not any(running(pid) for pid in pids)
+
+
+def test_a_killed_keeper_reports_nothing(keepers: list[Started], tmp_path: Path) -> None:  # noqa: F811
+    keeper = start_keeper(keepers, tmp_path, BOTH_EXIT.format(d=tmp_path), valid_in_s=3600)
+    wait_for_pids(tmp_path / "tree.pid", 2)
+
+    keeper.process.kill()
+    keeper.process.wait(timeout=30)
+
+    assert not keeper.link.tree_gone(), "the tree may still run: the daemon must look for itself"
+
+
+def test_a_keeper_without_its_status_pipe_still_runs_the_command(tmp_path: Path) -> None:
+    keeper_link = KeeperLink(valid_until=1e12, kill_grace_s=GRACE_S, margin_s=GRACE_S + 0.1)
+    try:
+        process = subprocess.Popen(  # an older daemon's spawn: only the control pipe is passed
+            keeper_link.argv(["sh", "-c", f"echo $$ > {tmp_path}/tree.pid"]),
+            pass_fds=(keeper_link.read_fd,),
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+        )
+        keeper_link.spawned()
+        assert process.wait(timeout=30) == 0
+        assert wait_for_pids(tmp_path / "tree.pid", 1)
+        assert not keeper_link.tree_gone()
+    finally:
+        keeper_link.close()
+
+
+@pytest.mark.parametrize("reported", [True, False], ids=["reported", "not-reported"])
+async def test_stop_trusts_the_report_and_scans_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reported: bool
+) -> None:
+    scans: list[int] = []
+    real_tree = ChildSupervisor._tree
+
+    def counted(self: ChildSupervisor, run: object) -> list[Proc]:
+        scans.append(1)
+        return real_tree(self, run)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ChildSupervisor, "_tree", counted)
+    if not reported:
+        monkeypatch.setattr(KeeperLink, "tree_gone", lambda self: False)
+    exits: list[ChildExit] = []
+    supervisor = supervisor_for(tmp_path, exits, grace_s=600.0)
+    await supervisor.start(env={}, keeper=link())
+    command, grandchild = await read_pids(tmp_path / "pids", count=2)
+
+    result = await asyncio.wait_for(supervisor.stop(), timeout=60)
+
+    assert result is not None and result.stopped_by_us and result.survivors == ()
+    assert result.returncode == -signal.SIGTERM and result.signal == signal.SIGTERM
+    assert not running(command) and not running(grandchild)
+    assert (scans == []) is reported
