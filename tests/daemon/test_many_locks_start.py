@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import types
+
 import pytest
 
-from elector.daemon.service import MIN_START_SPACING_S, start_spacing_s
+from elector.daemon.service import (
+    MIN_START_SPACING_S,
+    STOP_BATCH,
+    Daemon,
+    start_spacing_s,
+)
 from elector.daemon.settings import SettingsError, build_settings
 
 
@@ -36,3 +44,33 @@ def test_an_unknown_metrics_mode_names_its_flag() -> None:
     with pytest.raises(SettingsError) as caught:
         build_settings(lock="jobs", identity="a", redis_url="redis://h:6379/0", metrics_per_lock="x")
     assert caught.value.setting == "--metrics-per-lock"
+
+
+def test_a_daemon_of_many_locks_stops_them_in_batches_in_order() -> None:
+    """Releases go out STOP_BATCH at a time (10,000 at once timed out); the first batch at once."""
+    count = 2 * STOP_BATCH + 7
+    stopped: list[int] = []
+
+    async def main() -> list[int]:
+        all_stopped = asyncio.Event()
+
+        class FakeElection:
+            def __init__(self, index: int) -> None:
+                self.index = index
+
+            def stop(self) -> None:
+                stopped.append(self.index)
+                if len(stopped) == count:
+                    all_stopped.set()
+
+        daemon = Daemon.__new__(Daemon)  # only what _stop_elections uses
+        daemon.locks = [types.SimpleNamespace(election=FakeElection(i)) for i in range(count)]  # type: ignore[misc]
+        daemon._stop_handle = None
+        daemon._stop_elections()
+        at_once = list(stopped)
+        await asyncio.wait_for(all_stopped.wait(), timeout=30)
+        assert daemon._stop_handle is None
+        return at_once
+
+    assert asyncio.run(main()) == list(range(STOP_BATCH))
+    assert stopped == list(range(count))
