@@ -208,9 +208,15 @@ def _fmt_s(value: float | None) -> str:
 def run(ctx: Context) -> BenchResult:
     plan = QUICK if ctx.quick else FULL
     rows: dict[int, dict[str, float]] = {}
+    failed: dict[int, str] = {}
     for count, run_s, window_s in plan:
         ctx.say(f"many_locks: {count} locks, {run_s:g} s run, {window_s:g} s window")
-        rows[count] = measure(ctx, count, run_s=run_s, window_s=window_s)
+        try:
+            rows[count] = measure(ctx, count, run_s=run_s, window_s=window_s)
+        except Exception as exc:  # one scale failing must not lose the others' figures
+            failed[count] = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            ctx.say(f"many_locks: {count} locks FAILED: {failed[count]}")
+            continue
         ctx.say(f"many_locks: {count} locks, scrapes with the other --metrics-per-lock settings")
         rows[count].update(scrape_other_modes(ctx, count))
     table = Table(
@@ -231,7 +237,17 @@ def run(ctx: Context) -> BenchResult:
             f"{r['connections']:.0f}", f"{r['evalsha_per_s']:.0f}", f"{r['redis_cpu_pct']:.1f}",
             f"{r['errors']:.0f}",
         )  # fmt: skip
-    targets = [target for goal in GOALS for target in _targets(goal, rows.get(goal.locks))]
+    for count, why in failed.items():
+        table.add(f"{count:,}", f"failed: {why}", *["-"] * 10)
+    targets = [
+        target
+        for goal in GOALS
+        for target in (
+            _failed_targets(goal, failed[goal.locks])
+            if goal.locks in failed
+            else _targets(goal, rows.get(goal.locks))
+        )
+    ]
     result = BenchResult(
         name=NAME,
         title="Many locks in one daemon",
@@ -253,6 +269,14 @@ def run(ctx: Context) -> BenchResult:
     )
     _plot(result, rows)
     return result
+
+
+def _failed_targets(goal: Goal, why: str) -> list[Target]:
+    """Every target of a scale whose run failed: MISSED, with the failure as the figure."""
+    return [
+        Target(f"{target.what} (run failed)", target.goal, f"not measured: {why}", False)
+        for target in _targets(goal, None)
+    ]
 
 
 def _targets(goal: Goal, row: dict[str, float] | None) -> list[Target]:
