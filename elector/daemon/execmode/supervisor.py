@@ -447,10 +447,16 @@ class ChildSupervisor:
                 # The keeper signals the rest of its tree and exits once all of it is gone: wait
                 # for that before looking at /proc (a look costs ms that the dying tree could use).
                 watch.watch([run.pid])
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                        await run.wake.wait()  # or a hurry
-                run.wake.clear()
+                # Until its exit is known (through the pidfd, or asyncio's report when its thread
+                # reaped the keeper first), a hurry, or the deadline: a wake-up can come before
+                # the exit code can be read, and deciding then would scan for nothing.
+                while not run.hurry.is_set() and not self._exited(run, watch):
+                    try:
+                        async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                            await run.wake.wait()
+                    except TimeoutError:
+                        break
+                    run.wake.clear()
                 # It reported its tree gone right before it exited: no scan (see keeper.py).
                 if run.keeper.tree_gone() and self._exited(run, watch):
                     return ()

@@ -37,7 +37,12 @@ def test_a_keeper_reports_its_tree_gone_only_after_all_of_it_ended(
 ) -> None:
     # The command exits at once and leaves a child that ignores TERM: the keeper must KILL it
     # after the grace before it may report anything.
-    script = f"sh -c 'trap \"\" TERM; echo $$ > {tmp_path}/left.pid; while :; do sleep 0.05; done' & exit 0"
+    # The command exits only once the child has written its pid: on a loaded machine the keeper
+    # could otherwise kill the child (after the grace) before it ever wrote it.
+    script = (
+        f"sh -c 'trap \"\" TERM; echo $$ > {tmp_path}/left.pid; while :; do sleep 0.05; done' & "
+        f"while [ ! -s {tmp_path}/left.pid ]; do sleep 0.01; done; exit 0"
+    )
     keeper = start_keeper(keepers, tmp_path, script, valid_in_s=3600, grace_s=GRACE_S)
     [leftover] = wait_for_pids(tmp_path / "left.pid", 1)
 
