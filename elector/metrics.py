@@ -19,7 +19,7 @@ Redis failing. The daemon picks it with `--metrics-per-lock` (see `per_lock_metr
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -83,8 +83,8 @@ def per_lock_metrics(choice: str, *, locks: int) -> bool:
     return choice == "always" or (choice == "auto" and locks <= AUTO_PER_LOCK_MAX_LOCKS)
 
 
-class _StatusCollector:
-    """Computes the gauges of every plugged-in lock from its status snapshot, at scrape time."""
+class _StatusProviders:
+    """The plugged-in locks' status snapshots, read by a collector at scrape time."""
 
     def __init__(self) -> None:
         self._providers: dict[str, StatusProvider] = {}
@@ -98,6 +98,13 @@ class _StatusCollector:
     def describe(self) -> Iterator[Metric]:
         # Declaring the names lets the registry reject a second, clashing set of families.
         yield from self._families()
+
+    def _families(self) -> Sequence[Metric]:
+        raise NotImplementedError
+
+
+class _StatusCollector(_StatusProviders):
+    """Computes the gauges of every plugged-in lock from its status snapshot, at scrape time."""
 
     def collect(self) -> Iterator[Metric]:
         is_leader, remaining, fencing, info, redis_up = families = self._families()
@@ -148,20 +155,8 @@ class _StatusCollector:
         )
 
 
-class _LockCountCollector:
+class _LockCountCollector(_StatusProviders):
     """Aggregate mode's gauges: how many locks are managed, led, and without Redis, at scrape time."""
-
-    def __init__(self) -> None:
-        self._providers: dict[str, StatusProvider] = {}
-
-    def add(self, lock: str, status: StatusProvider) -> None:
-        self._providers[lock] = status
-
-    def discard(self, lock: str) -> None:
-        self._providers.pop(lock, None)
-
-    def describe(self) -> Iterator[Metric]:
-        yield from self._families()
 
     def collect(self) -> Iterator[Metric]:
         managed, leading, redis_down = families = self._families()
