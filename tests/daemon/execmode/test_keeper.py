@@ -523,23 +523,14 @@ def test_a_parked_keeper_that_gets_no_whole_order_exits_without_starting_anythin
     assert ("keeper_bad_start" in keeper.log_text()) == (how == "garbage")
 
 
-PARKED_PARENT = textwrap.dedent(
-    """\
-    import os, subprocess, sys, time
-    sys.path.insert(0, sys.argv[1])
-    from elector.daemon.execmode.keeper_link import KeeperLink
-    link = KeeperLink.parked(kill_grace_s=0.3, margin_s=0.4)
-    keeper = subprocess.Popen(link.argv(["sh", "-c", sys.argv[3]]), pass_fds=link.pass_fds,
-                              start_new_session=True)
-    link.spawned()
-    # Someone else holds the pipe's write end too: our death shows no EOF, only the death signal.
-    os.set_inheritable(link._write_fd, True)
-    holder = subprocess.Popen(["sleep", "1000"], pass_fds=(link._write_fd,))
-    with open(sys.argv[2], "w") as f:
-        f.write(f"{keeper.pid} {holder.pid}\\n")
-    time.sleep(1000)
-    """
+# The same parent, with a parked keeper (no validity end until a start message).
+PARKED_PARENT = PARENT.replace(
+    "from elector.daemon.execmode.keeper import boottime\n", ""
+).replace(
+    "KeeperLink(valid_until=boottime() + 60, kill_grace_s=0.3, margin_s=0.4)",
+    "KeeperLink.parked(kill_grace_s=0.3, margin_s=0.4)",
 )
+assert "KeeperLink.parked(" in PARKED_PARENT
 
 
 def test_a_parked_keeper_exits_when_its_parent_dies(tmp_path: Path) -> None:
