@@ -32,6 +32,7 @@ from tests.support.previous_release import PreviousRelease, PreviousReleaseError
 from tests.support.seed import seed_used_lock
 from tests.support.sentinel import SentinelSet
 from tests.support.tcp_proxy import TcpProxy
+from tests.support.timeout_backstop import pytest_runtest_protocol  # noqa: F401 (a hook)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
