@@ -145,8 +145,9 @@ def with_topology(
         return settings
     if settings is None:
         raise ElectorConfigError(
-            "cluster", "a Redis Cluster is reached through the URL of one of its nodes (redis=URL), "
-            "not through a client"
+            "cluster",
+            "a Redis Cluster is reached through the URL of one of its nodes (redis=URL), "
+            "not through a client",
         )
     return _validated(dataclasses.replace(settings, cluster=cluster, redlock_urls=redlock))
 
