@@ -324,7 +324,7 @@ class Elector:
         `timeout`: seconds; `LeadershipTimeout` (a TimeoutError) after that, saying whether Redis
         was reached at all. The Elector keeps contending.
         """
-        timeout_s = _checked_timeout(timeout)
+        timeout_s = checked_timeout(timeout)
         try:
             async with asyncio.timeout(timeout_s):
                 while True:
@@ -355,7 +355,7 @@ class Elector:
         `timeout` bounds the wait to lead (`LeadershipTimeout`), never the body.
         """
         stand_back_s = checked_stand_back(stand_back_s)
-        _checked_timeout(timeout)
+        checked_timeout(timeout)
         return LeadershipScope(
             self, resign_on_exit=resign_on_exit, stand_back_s=stand_back_s, timeout_s=timeout
         )
@@ -485,7 +485,7 @@ def checked_stand_back(stand_back_s: float | None) -> float | None:
     return stand_back_s
 
 
-def _checked_timeout(timeout: float | None) -> float | None:
+def checked_timeout(timeout: float | None) -> float | None:
     if timeout is not None and (not is_number(timeout) or timeout < 0):
         raise ElectorConfigError("timeout", f"must be a non-negative number of seconds, got {timeout!r}")
     return timeout

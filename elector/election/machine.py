@@ -157,6 +157,9 @@ class Election:
         self._wakeup = asyncio.Event()
         self._events: collections.deque[LeaseEvent] = collections.deque(maxlen=64)
         self._subscribed = asyncio.Event()
+        #: Set once the first subscription succeeded or failed: a failure need not be waited out
+        #: (a wrong URL or password then shows in the first acquire, within a request timeout).
+        self._subscribe_tried = asyncio.Event()
         self._resubscribed = False
 
     # -- observation ---------------------------------------------------------------------------
@@ -256,7 +259,7 @@ class Election:
             self._cycle_due_by = self._clock() + 2 * self._timing.request_timeout_s
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(2 * self._timing.request_timeout_s):
-                    await self._subscribed.wait()
+                    await self._subscribe_tried.wait()
             while True:
                 if self._stop_requested and self._state is not State.STEPPING_DOWN:
                     if self._state is State.LEADER:
@@ -802,6 +805,7 @@ class Election:
                     subscription = await self._backend.subscribe(keepalive_s=self._keepalive_s)
             except (LeaseBackendError, TimeoutError) as exc:
                 failures += 1
+                self._subscribe_tried.set()
                 logger.debug("cannot subscribe to announcements: %s", _describe(exc))
                 await asyncio.sleep(self._resubscribe_delay_s(failures))
                 continue
@@ -809,6 +813,7 @@ class Election:
                 self._resubscribed = True
                 self._wakeup.set()
             self._subscribed.set()
+            self._subscribe_tried.set()
             subscribed_at = self._clock()
             try:
                 while True:
