@@ -116,7 +116,9 @@ class ElectionLog:
                 extra=extra,
             )
         elif kind is OutcomeKind.RELEASE_FAILED:
-            logger.warning(
+            # Redis unreachable was said once already; a lease found no longer ours is news.
+            logger.log(
+                logging.INFO if outcome.error_kind is not None else logging.WARNING,
                 "lock %r: release failed (%s) as %r, fencing token %s; the lease lapses by its ttl",
                 self._lock, outcome.error, self._identity, token, extra=extra,
             )  # fmt: skip
