@@ -23,10 +23,11 @@ The lease is never released while a body still runs. A body still unwinding afte
 (a `finally` that awaits a slow cleanup, a coroutine that swallows the cancellation) makes the
 step-down withhold the release: the lease is left to lapse on Redis by its ttl, an error is
 logged, `Elector.releases_withheld` goes up by one (and `elector_release_withheld_total{lock}` on
-the `registry` passed in), and this process does not contend again before the lease could have
-lapsed. A successor is then granted the lease one ttl after the last renewal instead of at once.
-A body that runs on past even that is beyond what a lease can fence off in time: only the
-fencing token protects the resource then.
+the `registry` passed in), and this Elector does not contend again until that body has exited
+(`status().waiting_for_own_work`, `elector_waiting_for_own_work{lock}`), nor before the lease
+could have lapsed: it never leads beside its own late body. A successor is then granted the
+lease one ttl after the last renewal instead of at once. A body that runs on past even that is
+beyond what a lease can fence off in time: only the fencing token protects the resource then.
 
 Cancellation reaches coroutines only. Threads the body started (`asyncio.to_thread`,
 `run_in_executor`, a thread pool) and processes it spawned are NOT stopped by it and may keep
@@ -36,6 +37,11 @@ of an old term (see `elector.FencedStore` and docs/fencing.md).
 
 Callbacks, plain or async, run one at a time in order in their own task: a slow one never delays
 a renewal, and one that raises is logged.
+
+`leadership(timeout=...)` and `wait_for_leadership(timeout=...)` bound the wait to lead
+(`LeadershipTimeout`), never the body. Logs go to the `elector.api` logger (see api_logs.py);
+`elector.run(main())` makes SIGTERM release the lease; `elector.sync` is the same election for
+sync programs, run on a thread of its own.
 
 Time is counted on CLOCK_BOOTTIME (`elector.election.clock`), like the daemon: a suspended host
 resumes with its validity seen to have run out.
@@ -59,7 +65,8 @@ from elector.api_params import (
     ElectorConfigError,
     build_timing,
     checked,
-    is_number,
+    checked_stand_back,
+    checked_timeout,
     redis_source,
     redlock_urls,
     with_topology,
@@ -130,7 +137,8 @@ class Elector:
     Timings are checked like the daemon's;
     `stop_work_s` bounds how long a step-down waits for leader work to stop (default: a tenth of
     the ttl, if the renew deadline leaves room); work still running then makes it withhold the
-    release (see the module doc). `identity` defaults to $POD_NAME or the host name. `registry`:
+    release (see the module doc). `identity` defaults to $POD_NAME or the host name, plus the pid and a
+    random suffix (unique per process). `registry`:
     the daemon's metric families (elector_*{lock}, `elector_release_withheld_total` among them),
     shared by every Elector given the same registry; a lock's series go at aclose(). Two running
     Electors of one lock on one registry: start() raises ValueError. `releases_withheld` counts
@@ -477,18 +485,6 @@ class Elector:
         self._term_started.set()  # wake the waiters: wait_for_leadership() raises from now on
         if not task.cancelled() and (exc := task.exception()) is not None:
             logger.error("the election of lock %r crashed", self.lock, exc_info=exc)
-
-
-def checked_stand_back(stand_back_s: float | None) -> float | None:
-    if stand_back_s is not None and (not is_number(stand_back_s) or stand_back_s < 0):
-        raise ElectorConfigError("stand_back_s", f"must be a non-negative number, got {stand_back_s!r}")
-    return stand_back_s
-
-
-def checked_timeout(timeout: float | None) -> float | None:
-    if timeout is not None and (not is_number(timeout) or timeout < 0):
-        raise ElectorConfigError("timeout", f"must be a non-negative number of seconds, got {timeout!r}")
-    return timeout
 
 
 def _families_of(registry: CollectorRegistry) -> MetricFamilies:

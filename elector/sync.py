@@ -46,7 +46,7 @@ from prometheus_client import CollectorRegistry
 
 from elector import api
 from elector.api_errors import LeadershipLost
-from elector.api_params import ElectorConfigError
+from elector.api_params import ElectorConfigError, checked_stand_back, checked_timeout
 from elector.api_signals import SIGTERM_EXIT_CODE
 from elector.api_term import Leadership
 from elector.election import ElectionStatus, StepDownReason
@@ -233,8 +233,8 @@ class Elector:
         (unless `resign_on_exit=False`), standing back `stand_back_s` (default: one ttl).
         `timeout` bounds the wait to lead (`elector.LeadershipTimeout`), never the body.
         """
-        api.checked_stand_back(stand_back_s)
-        api.checked_timeout(timeout)
+        checked_stand_back(stand_back_s)
+        checked_timeout(timeout)
         return SyncLeadershipScope(
             self, resign_on_exit=resign_on_exit, stand_back_s=stand_back_s, timeout=timeout
         )
