@@ -203,6 +203,11 @@ class Elector:
             future.cancel()  # interrupted (Ctrl-C, SIGTERM through `run`): the task goes too
             raise
 
+    def _on_loop(self, call: Callable[[], object]) -> None:
+        """Run `call` on the election's loop, soon (after what was scheduled before it)."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(call)
+
     # -- observation and leadership ------------------------------------------------------------
 
     @property
@@ -256,13 +261,25 @@ class SyncLeadershipScope:
         if self._entered is not None:
             raise RuntimeError("enter each leadership() block once")
         core = self._elector._core
+        pending: list[tuple[_ThreadBody, Leadership]] = []
 
         async def enter() -> tuple[_ThreadBody, Leadership]:
             body = _ThreadBody()
             term = await core._enter_term(body, timeout_s=self._timeout)
+            pending.append((body, term))  # same step as the registration
             return body, term
 
-        self._entered = body, term = self._elector._call(enter())
+        try:
+            self._entered = body, term = self._elector._call(enter())
+        except BaseException:
+            # Interrupted (Ctrl-C, SIGTERM) while waiting: a body registered meanwhile must not
+            # hold up the step-down. Runs after the cancellation, which the loop takes first.
+            def abandon() -> None:
+                for entry in pending:
+                    _leave(*entry)
+
+            self._elector._on_loop(abandon)
+            raise
         if self._elector._guard is not None:
             self._elector._guard.watch(body, term)
         return term
@@ -272,26 +289,31 @@ class SyncLeadershipScope:
     ) -> None:
         assert self._entered is not None
         body, term = self._entered
-        core = self._elector._core
+        # Unregister first, and in a call nothing can cancel: from now on a step-down neither
+        # tells nor waits for us.
+        self._elector._on_loop(lambda: _leave(body, term))
+        if self._elector._guard is not None:
+            self._elector._guard.forget(body)
+        if body.lost is None and self._resign_on_exit:
+            core = self._elector._core
 
-        async def leave() -> None:
-            # Unregister first: from now on a step-down neither tells nor waits for us.
-            term._scopes.discard(body)
-            if not body.exited.done():
-                body.exited.set_result(None)
-            if body.lost is None and self._resign_on_exit and not term._scopes:
-                await core._resign(term, stand_back_s=self._stand_back_s, wait=True)
+            async def resign() -> None:
+                if not term._scopes:  # the last block of the term
+                    await core._resign(term, stand_back_s=self._stand_back_s, wait=True)
 
-        try:
-            self._elector._call(leave())
-        finally:
-            if self._elector._guard is not None:
-                self._elector._guard.forget(body)
+            self._elector._call(resign())
         if body.lost is not None:
             if exc is None:
                 raise LeadershipLost(body.lost, lock=term.lock, fencing_token=term.fencing_token)
             if not isinstance(exc, LeadershipLost):
                 exc.add_note(f"(raised after leadership ended: {body.lost})")
+
+
+def _leave(body: _ThreadBody, term: Leadership) -> None:
+    """On the loop: `body` left its term."""
+    term._scopes.discard(body)
+    if not body.exited.done():
+        body.exited.set_result(None)
 
 
 class _OverrunGuard:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -132,6 +133,32 @@ def test_an_acquire_timeout_never_cuts_the_body_short(make) -> None:
             pytest.fail("c cannot lead while b does")
     assert info.value.redis_reached
     assert info.value.holder == "b"
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_an_interrupted_wait_to_lead_leaves_nothing_behind(make) -> None:
+    holder = make("b")
+    holder.wait_for_leadership(timeout=5)
+    e = make("a")
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted  # as Ctrl-C or SIGTERM under elector.sync.run would
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(Interrupted), e.leadership():
+            pytest.fail("b holds the lock")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    holder.close()
+    e.wait_for_leadership(timeout=5)
+    e.close()  # no body of the interrupted wait is waited for: released at once, not withheld
+    assert e.releases_withheld == 0
 
 
 def test_a_sync_elector_takes_a_url_not_a_client(redis_url: str) -> None:
