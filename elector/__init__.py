@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from elector.api import Elector, ElectorConfigError, Leadership, LeadershipLost, LeadershipTimeout
     from elector.api_signals import run
+    from elector.api_watch import Leader, LeaderWatch, watch
     from elector.election.outcome import ElectionStatus, State, StepDownReason
     from elector.fencing import (
         CorruptFenceKeyError,
@@ -35,6 +36,10 @@ _LAZY_NAMES = {
     "LeadershipTimeout": "elector.api",
     # asyncio.run with SIGTERM unwinding like Ctrl-C (the sync API's is elector.sync.run).
     "run": "elector.api_signals",
+    # Who leads, without contending.
+    "watch": "elector.api_watch",
+    "LeaderWatch": "elector.api_watch",
+    "Leader": "elector.api_watch",
     "StepDownReason": "elector.election.outcome",
     # What Elector.status() returns.
     "ElectionStatus": "elector.election.outcome",
@@ -55,6 +60,8 @@ __all__ = [
     "FencedStore",
     "FencedWriteResult",
     "FencingError",
+    "Leader",
+    "LeaderWatch",
     "Leadership",
     "LeadershipLost",
     "LeadershipTimeout",
@@ -63,6 +70,7 @@ __all__ = [
     "StepDownReason",
     "__version__",
     "run",
+    "watch",
 ]
 
 

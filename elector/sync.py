@@ -49,11 +49,22 @@ from elector.api_errors import LeadershipLost
 from elector.api_params import ElectorConfigError, checked_stand_back, checked_timeout
 from elector.api_signals import SIGTERM_EXIT_CODE
 from elector.api_term import Leadership
+from elector.api_watch import Leader
 from elector.election import ElectionStatus, StepDownReason
 from elector.election.clock import boottime
 from elector.sync_fencing import FencedStore
+from elector.sync_watch import LeaderWatcher, watch
 
-__all__ = ["OVERRUN_EXIT_CODE", "Elector", "FencedStore", "SyncLeadershipScope", "run"]
+__all__ = [
+    "OVERRUN_EXIT_CODE",
+    "Elector",
+    "FencedStore",
+    "Leader",
+    "LeaderWatcher",
+    "SyncLeadershipScope",
+    "run",
+    "watch",
+]
 
 logger = logging.getLogger("elector.api")
 
