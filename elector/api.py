@@ -33,7 +33,9 @@ Cancellation reaches coroutines only. Threads the body started (`asyncio.to_thre
 `run_in_executor`, a thread pool) and processes it spawned are NOT stopped by it and may keep
 writing after the term ended: stop them from the body's `finally` (the wait above covers that),
 and pass `lease.fencing_token` with every write they make, so that the resource rejects a write
-of an old term (see `elector.FencedStore` and docs/fencing.md).
+of an old term (see `elector.FencedStore` and docs/fencing.md). A cancellation that lands
+inside a redis-py asyncio command can be swallowed by redis-py (redis/redis-py#2028, seen with
+8.1.0): `lease.check()` before each write catches the end of the term all the same.
 
 Callbacks, plain or async, run one at a time in order in their own task: a slow one never delays
 a renewal, and one that raises is logged.
