@@ -62,6 +62,7 @@ from prometheus_client import CollectorRegistry
 
 from elector.api_callbacks import CallbackRunner
 from elector.api_errors import LeadershipLost, LeadershipTimeout, LeaderWorkNotStopped, not_running_message
+from elector.api_late_work import LateWork
 from elector.api_logs import ElectionLog, waiting_for_own_work_gauge
 from elector.api_params import (
     ElectorConfigError,
@@ -209,7 +210,7 @@ class Elector:
         self._closed = asyncio.Event()
         self._log = ElectionLog(lock=self.lock, identity=self.identity)
         #: Bodies (and the stop callback) of ended terms that outlived stop_work_s, still running.
-        self._late_work: set[asyncio.Future[None]] = set()
+        self._late_work = LateWork(lock=self.lock, identity=self.identity)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -231,7 +232,7 @@ class Elector:
             # metrics are on the registry already (another running Elector of the lock).
             self._metrics = ElectionMetrics(_families_of(self._registry), lock=self.lock, status=self.status)
             waiting_for_own_work_gauge(self._registry).labels(self.lock).set_function(
-                lambda: float(bool(self._late_work))
+                lambda: float(self._late_work.running)
             )
         backend = await self._connect()
         if self._client is not None:
@@ -441,6 +442,7 @@ class Elector:
             return
         if not self._closing:
             self._term_started.clear()
+        scopes = list(term._scopes)
         bodies = term._end(reason)
         waits = list(bodies)
         if self._on_stopped_leading is not None:
@@ -452,7 +454,8 @@ class Elector:
         if pending:
             # Never lead beside our own late work: no contending until it has exited (and, by
             # the election's own rule, not before the withheld lease could have lapsed).
-            self._hold_for(pending)
+            assert self._election is not None
+            self._late_work.hold(self._election, pending, scopes)
             late_bodies = sum(1 for body in bodies if body in pending)
             late = (
                 f"{late_bodies} leadership() body(ies)" if late_bodies else "the on_stopped_leading callback"
@@ -464,24 +467,6 @@ class Elector:
                 f"{late} of lock {self.lock!r} still running {self.timing.stop_work_s:.3f}s "
                 "(stop_work_s) after the term ended; the lease is left to lapse by its ttl"
             )
-
-    def _hold_for(self, late: set[asyncio.Future[None]]) -> None:
-        assert self._election is not None
-        self._late_work |= late
-        self._election.hold_contending(True)
-        logger.warning(
-            "lock %r: not contending until the leader work of the ended term has exited",
-            self.lock,
-            extra={"lock": self.lock, "identity": self.identity},
-        )
-        for future in late:
-            future.add_done_callback(self._late_work_exited)
-
-    def _late_work_exited(self, future: asyncio.Future[None]) -> None:
-        self._late_work.discard(future)
-        if not self._late_work and self._election is not None:
-            logger.info("lock %r: the late leader work exited; contending again", self.lock)
-            self._election.hold_contending(False)
 
     def _election_ended(self, task: asyncio.Task[None]) -> None:
         self._term_started.set()  # wake the waiters: wait_for_leadership() raises from now on

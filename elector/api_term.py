@@ -26,6 +26,9 @@ class TermBody(Protocol):
     def cancel_body(self, reason: StepDownReason) -> None:
         """Tell the body its term ended (called on the Elector's loop)."""
 
+    def cancel_again(self) -> None:
+        """The body outlived `stop_work_s`: tell it once more (a cancellation can be lost)."""
+
 
 class TermOwner(Protocol):
     """What a block needs of its Elector (elector.api.Elector)."""
@@ -125,6 +128,7 @@ class LeadershipScope:
         # The task running the body, its term, and how many cancellations it had pending then.
         self._entered: tuple[asyncio.Task[Any], Leadership, int] | None = None
         self._lost: StepDownReason | None = None
+        self._cancels = 0  # our own cancellations of the task, taken back at the exit
         #: Done when the body left the block; a step-down waits for it (up to stop_work_s).
         self.exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -140,7 +144,14 @@ class LeadershipScope:
     def cancel_body(self, reason: StepDownReason) -> None:
         assert self._entered is not None
         self._lost = reason
+        self._cancels += 1
         self._entered[0].cancel(msg=f"leadership of lock {self._elector.lock!r} ended: {reason}")
+
+    def cancel_again(self) -> None:
+        # A library the body awaits may swallow a cancellation (redis-py's asyncio client does
+        # when it lands inside a command: redis/redis-py#2028); another one may land elsewhere.
+        if self._lost is not None and not self.exited.done():
+            self.cancel_body(self._lost)
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -154,7 +165,10 @@ class LeadershipScope:
         if self._lost is not None:
             # Like asyncio.timeout(): absorb our own cancellation only if nobody else cancelled
             # the task meanwhile; an outside cancel keeps propagating.
-            if task.uncancel() <= cancelling and (exc is None or cancelled):
+            left = task.cancelling()
+            for _ in range(min(self._cancels, left)):
+                left = task.uncancel()
+            if left <= cancelling and (exc is None or cancelled):
                 raise LeadershipLost(self._lost, lock=term.lock, fencing_token=term.fencing_token) from exc
             if exc is not None and not cancelled:
                 exc.add_note(f"(raised while stopping after leadership ended: {self._lost})")

@@ -86,6 +86,9 @@ class _ThreadBody:
     def cancel_body(self, reason: StepDownReason) -> None:
         self.lost, self.lost_at = reason, boottime()
 
+    def cancel_again(self) -> None:
+        """Nothing more to do: a thread is told once (its `check()` keeps failing)."""
+
 
 class Elector:
     """Contends for one lock on Redis from a sync program; the election runs on its own thread.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import pytest
 import redis.asyncio
 from prometheus_client import CollectorRegistry
 
@@ -77,3 +78,35 @@ async def test_an_elector_stands_back_until_its_own_late_body_exited(redis_url: 
     # And while it stood back, it said so.
     assert waiting_seen and gauge_seen
     assert not e.status().waiting_for_own_work
+
+
+async def test_a_body_whose_cancellation_redis_py_swallows_is_cancelled_again(redis_url: str) -> None:
+    """A cancellation landing inside a redis-py asyncio command can be lost (redis/redis-py#2028):
+    a body that only awaits redis-py writes must still stop, term after term."""
+    raw = redis.asyncio.Redis.from_url(redis_url)
+    await seed_used_lock_async(raw, LOCK)
+    client = redis.asyncio.Redis.from_url(redis_url)
+    e = Elector(LOCK, redis=redis_url, identity="a", ttl_s=1.0)
+    await e.start()
+    try:
+        for _ in range(5):
+            lease = await e.wait_for_leadership(timeout=10)
+
+            async def body(token: int) -> None:
+                async with e.leadership(resign_on_exit=False):
+                    while True:  # writes only: every cancellation lands inside a command
+                        await client.rpush("{jobs}:journal", token)
+
+            task = asyncio.create_task(body(lease.fencing_token))
+            await asyncio.sleep(0.1)
+            await raw.delete(KEY)
+            done, _ = await asyncio.wait([task], timeout=5)
+            if not done:  # swallowed for good: do not leave it writing behind the test
+                task.get_loop().call_soon(task.cancel)
+                pytest.fail("the body's cancellation was lost and it kept writing")
+            with pytest.raises(LeadershipLost):
+                await task
+    finally:
+        await e.aclose()
+        await client.aclose()
+        await raw.aclose()
