@@ -405,6 +405,7 @@ class Elector:
     def _outcome(self, outcome: CycleOutcome) -> None:
         if outcome.kind is OutcomeKind.RELEASE_WITHHELD:
             self.releases_withheld += 1
+            self._late_work.lease_lapses_in((outcome.remaining_ms or 0) / 1000)
         if self._metrics is not None:
             self._metrics.observe(outcome)
         self._log.observe(outcome)

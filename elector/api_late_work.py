@@ -2,9 +2,11 @@
 
 The release was withheld (the election did that). Until every late body (and a late
 `on_stopped_leading`) has exited, the Elector holds the election back from contending, so that it
-never leads beside its own late work; meanwhile late async bodies are cancelled again every
-LATE_BODY_RECANCEL_S, since a library the body awaits may swallow a cancellation (redis-py's
-asyncio client can, when it lands inside a command: redis/redis-py#2028).
+never leads beside its own late work. Once the withheld lease may have lapsed, late async bodies
+are cancelled again every LATE_BODY_RECANCEL_S until they leave, since a library the body awaits
+may swallow a cancellation (redis-py's asyncio client can, when it lands inside a command:
+redis/redis-py#2028). Not before: until then a body unwinding slowly (a flush in a `finally`) is
+left alone, and after it nothing fences a body's writes off but the token.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class LateWork:
         self._identity = identity
         self._futures: set[asyncio.Future[None]] = set()
         self._election: Election | None = None
+        self._bodies: list[TermBody] = []
 
     @property
     def running(self) -> bool:
@@ -46,9 +49,13 @@ class LateWork:
         )
         for future in late:
             future.add_done_callback(self._exited)
-        late_bodies = [body for body in bodies if body.exited in late]
-        if late_bodies:
-            asyncio.get_running_loop().call_later(LATE_BODY_RECANCEL_S, self._cancel_again, late_bodies)
+        self._bodies += [body for body in bodies if body.exited in late]
+
+    def lease_lapses_in(self, seconds: float) -> None:
+        """The withheld lease lapses in `seconds`: from then on, cancel the late bodies again."""
+        bodies, self._bodies = self._bodies, []
+        if bodies:
+            asyncio.get_running_loop().call_later(max(0.0, seconds), self._cancel_again, bodies)
 
     def _cancel_again(self, bodies: list[TermBody]) -> None:
         running = [body for body in bodies if not body.exited.done()]
