@@ -15,11 +15,30 @@ import traceback
 from datetime import UTC, datetime
 from types import FrameType, ModuleType
 
-from bench import handoff, idle_requests, idle_resources, many_locks, peers, report, startup, takeover
+from bench import (
+    handoff,
+    idle_requests,
+    idle_resources,
+    library_peers,
+    many_locks,
+    peers,
+    report,
+    startup,
+    takeover,
+)
 from bench.common import REPO, BenchResult, stop_all
 from bench.context import Context, machine_facts
 
-BENCHMARKS: list[ModuleType] = [takeover, handoff, idle_requests, idle_resources, startup, many_locks, peers]
+BENCHMARKS: list[ModuleType] = [
+    takeover,
+    handoff,
+    idle_requests,
+    idle_resources,
+    startup,
+    many_locks,
+    peers,
+    library_peers,
+]
 NAMES = [module.NAME for module in BENCHMARKS]
 DOCS = REPO / "docs" / "benchmarks.md"
 

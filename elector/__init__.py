@@ -1,7 +1,8 @@
 """elector: leader election for Kubernetes workloads on a Redis lease.
 
-The library API (`elector.Elector`, ...) is imported on first use, so that `import elector`, which
-every CLI start pays for, does not load redis, the election and the backend.
+The library API (`elector.Elector`, ...; the sync one in `elector.sync`) is imported on first
+use, so that `import elector`, which every CLI start pays for, does not load redis, the election
+and the backend.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from elector.api import Elector, ElectorConfigError, Leadership, LeadershipLost
+    from elector.api import Elector, ElectorConfigError, Leadership, LeadershipLost, LeadershipTimeout
+    from elector.api_signals import run
+    from elector.api_watch import Leader, LeaderWatch, watch
     from elector.election.outcome import ElectionStatus, State, StepDownReason
     from elector.fencing import (
         CorruptFenceKeyError,
@@ -30,6 +33,13 @@ _LAZY_NAMES = {
     "ElectorConfigError": "elector.api",
     "Leadership": "elector.api",
     "LeadershipLost": "elector.api",
+    "LeadershipTimeout": "elector.api",
+    # asyncio.run with SIGTERM unwinding like Ctrl-C (the sync API's is elector.sync.run).
+    "run": "elector.api_signals",
+    # Who leads, without contending.
+    "watch": "elector.api_watch",
+    "LeaderWatch": "elector.api_watch",
+    "Leader": "elector.api_watch",
     "StepDownReason": "elector.election.outcome",
     # What Elector.status() returns.
     "ElectionStatus": "elector.election.outcome",
@@ -50,12 +60,17 @@ __all__ = [
     "FencedStore",
     "FencedWriteResult",
     "FencingError",
+    "Leader",
+    "LeaderWatch",
     "Leadership",
     "LeadershipLost",
+    "LeadershipTimeout",
     "StaleFencingTokenError",
     "State",
     "StepDownReason",
     "__version__",
+    "run",
+    "watch",
 ]
 
 

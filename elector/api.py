@@ -23,19 +23,27 @@ The lease is never released while a body still runs. A body still unwinding afte
 (a `finally` that awaits a slow cleanup, a coroutine that swallows the cancellation) makes the
 step-down withhold the release: the lease is left to lapse on Redis by its ttl, an error is
 logged, `Elector.releases_withheld` goes up by one (and `elector_release_withheld_total{lock}` on
-the `registry` passed in), and this process does not contend again before the lease could have
-lapsed. A successor is then granted the lease one ttl after the last renewal instead of at once.
-A body that runs on past even that is beyond what a lease can fence off in time: only the
-fencing token protects the resource then.
+the `registry` passed in), and this Elector does not contend again until that body has exited
+(`status().waiting_for_own_work`, `elector_waiting_for_own_work{lock}`), nor before the lease
+could have lapsed: it never leads beside its own late body. A successor is then granted the
+lease one ttl after the last renewal instead of at once. A body that runs on past even that is
+beyond what a lease can fence off in time: only the fencing token protects the resource then.
 
 Cancellation reaches coroutines only. Threads the body started (`asyncio.to_thread`,
 `run_in_executor`, a thread pool) and processes it spawned are NOT stopped by it and may keep
 writing after the term ended: stop them from the body's `finally` (the wait above covers that),
 and pass `lease.fencing_token` with every write they make, so that the resource rejects a write
-of an old term (see `elector.FencedStore` and docs/fencing.md).
+of an old term (see `elector.FencedStore` and docs/fencing.md). A cancellation that lands
+inside a redis-py asyncio command can be swallowed by redis-py (redis/redis-py#2028, seen with
+8.1.0): `lease.check()` before each write catches the end of the term all the same.
 
 Callbacks, plain or async, run one at a time in order in their own task: a slow one never delays
 a renewal, and one that raises is logged.
+
+`leadership(timeout=...)` and `wait_for_leadership(timeout=...)` bound the wait to lead
+(`LeadershipTimeout`), never the body. Logs go to the `elector.api` logger (see api_logs.py);
+`elector.run(main())` makes SIGTERM release the lease; `elector.sync` is the same election for
+sync programs, run on a thread of its own.
 
 Time is counted on CLOCK_BOOTTIME (`elector.election.clock`), like the daemon: a suspended host
 resumes with its validity seen to have run out.
@@ -44,25 +52,29 @@ resumes with its validity seen to have run out.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import Any
 
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
+from elector.api_callbacks import CallbackRunner
+from elector.api_errors import LeadershipLost, LeadershipTimeout, LeaderWorkNotStopped, not_running_message
+from elector.api_late_work import LateWork
+from elector.api_logs import ElectionLog, waiting_for_own_work_gauge
 from elector.api_params import (
     ElectorConfigError,
     build_timing,
     checked,
-    is_number,
+    checked_stand_back,
+    checked_timeout,
     redis_source,
     redlock_urls,
     with_topology,
 )
+from elector.api_term import Leadership, LeadershipScope, TermBody
 from elector.backend import RedisLeaseBackend
 from elector.backend.topologies.factory import LeaseConnections
 from elector.backend.topologies.sentinel_watch import (
@@ -88,11 +100,18 @@ from elector.lease import (
     check_identity,
     check_lock_name,
     check_priority,
-    default_identity,
+    default_library_identity,
 )
 from elector.metrics import ElectionMetrics, MetricFamilies
 
-__all__ = ["Elector", "ElectorConfigError", "LeaderWorkNotStopped", "Leadership", "LeadershipLost"]
+__all__ = [
+    "Elector",
+    "ElectorConfigError",
+    "LeaderWorkNotStopped",
+    "Leadership",
+    "LeadershipLost",
+    "LeadershipTimeout",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -102,160 +121,6 @@ _REGISTRY_FAMILIES: weakref.WeakKeyDictionary[CollectorRegistry, MetricFamilies]
 OnStartedLeading = Callable[["Leadership"], Awaitable[None] | None]
 OnStoppedLeading = Callable[[StepDownReason], Awaitable[None] | None]
 OnNewLeader = Callable[[str | None], Awaitable[None] | None]
-_Call = tuple[str, Callable[[], object], asyncio.Future[None]]
-
-
-class LeaderWorkNotStopped(Exception):
-    """Leader work outlived `stop_work_s`: raised to the election, which withholds the release."""
-
-
-class LeadershipLost(Exception):
-    """The body of `leadership()` was cancelled because the term ended; `reason` says why."""
-
-    def __init__(self, reason: StepDownReason, *, lock: str, fencing_token: int) -> None:
-        super().__init__(f"leadership of lock {lock!r} (fencing token {fencing_token}) ended: {reason}")
-        self.reason = reason
-        self.lock = lock
-        self.fencing_token = fencing_token
-
-
-class Leadership:
-    """One term of leadership, from a grant to its step-down. Never shows the lease's secret."""
-
-    def __init__(self, lease: Lease, *, status: Callable[[], ElectionStatus]) -> None:
-        self._lease = lease
-        self._status = status
-        self._end_reason: StepDownReason | None = None
-        self._scopes: set[_LeadershipScope] = set()
-        # Set once the step-down is complete (released, or found lost), not when it begins.
-        self._finished = asyncio.Event()
-
-    @property
-    def lock(self) -> str:
-        return self._lease.lock
-
-    @property
-    def identity(self) -> str:
-        return self._lease.identity
-
-    @property
-    def fencing_token(self) -> int:
-        """Greater than every earlier term's token of this lock: pass it along with writes."""
-        return self._lease.fencing_token
-
-    @property
-    def active(self) -> bool:
-        """False once the term has begun to end (leader work is being stopped)."""
-        return self._end_reason is None
-
-    @property
-    def end_reason(self) -> StepDownReason | None:
-        return self._end_reason
-
-    def remaining(self) -> float:
-        """Seconds (monotonic clock) this process may still act as leader; 0.0 once it may not.
-
-        Counted from the send time of the last successful renewal, minus the safety margin.
-        """
-        status = self._status()
-        if not self.active or not status.is_leader or status.fencing_token != self.fencing_token:
-            return 0.0
-        return status.lease_remaining_s or 0.0
-
-    def __repr__(self) -> str:
-        return f"Leadership(lock={self.lock!r}, fencing_token={self.fencing_token}, active={self.active})"
-
-    def _end(self, reason: StepDownReason) -> list[asyncio.Future[None]]:
-        """Mark the term over and cancel the bodies running in it; futures of their exits."""
-        self._end_reason = reason
-        for scope in self._scopes:
-            scope.cancel_body(reason)
-        return [scope.exited for scope in self._scopes]
-
-
-class _LeadershipScope:
-    """One `async with elector.leadership()` block: the task running a body inside a term."""
-
-    def __init__(self, elector: Elector, *, resign_on_exit: bool, stand_back_s: float | None) -> None:
-        self._elector = elector
-        self._resign_on_exit = resign_on_exit
-        self._stand_back_s = stand_back_s
-        # The task running the body, its term, and how many cancellations it had pending then.
-        self._entered: tuple[asyncio.Task[Any], Leadership, int] | None = None
-        self._lost: StepDownReason | None = None
-        #: Done when the body left the block; a step-down waits for it (up to stop_work_s).
-        self.exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    async def __aenter__(self) -> Leadership:
-        task = asyncio.current_task()
-        if task is None or self._entered is not None:
-            raise RuntimeError("enter each leadership() block once, from inside an asyncio task")
-        term = await self._elector.wait_for_leadership()
-        # No await from here on: the term is still active when the body is registered in it.
-        self._entered = (task, term, task.cancelling())
-        term._scopes.add(self)
-        return term
-
-    def cancel_body(self, reason: StepDownReason) -> None:
-        assert self._entered is not None
-        self._lost = reason
-        self._entered[0].cancel(msg=f"leadership of lock {self._elector.lock!r} ended: {reason}")
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        assert self._entered is not None
-        task, term, cancelling = self._entered
-        # Unregister before any await: from now on a step-down neither cancels nor waits for us.
-        term._scopes.discard(self)
-        self.exited.set_result(None)
-        cancelled = isinstance(exc, asyncio.CancelledError)
-        if self._lost is not None:
-            # Like asyncio.timeout(): absorb our own cancellation only if nobody else cancelled
-            # the task meanwhile; an outside cancel keeps propagating.
-            if task.uncancel() <= cancelling and (exc is None or cancelled):
-                raise LeadershipLost(self._lost, lock=term.lock, fencing_token=term.fencing_token) from exc
-            if exc is not None and not cancelled:
-                exc.add_note(f"(raised while stopping after leadership ended: {self._lost})")
-        elif self._resign_on_exit and not term._scopes:
-            # An outside cancel must not wait for the release: the task is being torn down.
-            await self._elector._resign(term, stand_back_s=self._stand_back_s, wait=not cancelled)
-
-
-class _CallbackRunner:
-    """Runs the user's callbacks one at a time, in submission order, in a task of its own."""
-
-    def __init__(self, *, lock: str) -> None:
-        self._lock = lock
-        self._queue: asyncio.Queue[_Call | None] = asyncio.Queue()
-        self._task = asyncio.create_task(self._run(), name=f"elector:{lock}:callbacks")
-
-    def submit(self, name: str, callback: Callable[[Any], object], arg: object) -> asyncio.Future[None]:
-        """Queue `callback(arg)`; the future is done once it returned or raised (never fails)."""
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait((name, lambda: callback(arg), done))
-        return done
-
-    async def _run(self) -> None:
-        while (item := await self._queue.get()) is not None:
-            name, call, done = item
-            try:
-                result = call()
-                if inspect.isawaitable(result):
-                    await result
-            except Exception:
-                logger.exception("%s callback failed", name, extra={"lock": self._lock})
-            finally:
-                done.set_result(None)
-
-    async def aclose(self, *, drain: bool) -> None:
-        """Stop after the queued calls (`drain`) or at once."""
-        self._queue.put_nowait(None)
-        if self._task is asyncio.current_task():
-            return  # a callback closing its own Elector: the loop ends after it returns
-        if not drain:
-            self._task.cancel()
-        await asyncio.wait([self._task])
 
 
 class Elector:
@@ -275,7 +140,8 @@ class Elector:
     Timings are checked like the daemon's;
     `stop_work_s` bounds how long a step-down waits for leader work to stop (default: a tenth of
     the ttl, if the renew deadline leaves room); work still running then makes it withhold the
-    release (see the module doc). `identity` defaults to $POD_NAME or the host name. `registry`:
+    release (see the module doc). `identity` defaults to $POD_NAME or the host name, plus the pid and a
+    random suffix (unique per process). `registry`:
     the daemon's metric families (elector_*{lock}, `elector_release_withheld_total` among them),
     shared by every Elector given the same registry; a lock's series go at aclose(). Two running
     Electors of one lock on one registry: start() raises ValueError. `releases_withheld` counts
@@ -303,7 +169,7 @@ class Elector:
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.lock = checked("lock", check_lock_name, lock)
-        identity = default_identity() if identity is None else identity
+        identity = default_library_identity() if identity is None else identity
         self.identity = checked("identity", check_identity, identity)
         self.timing = build_timing(
             ttl_s=ttl_s,
@@ -336,12 +202,15 @@ class Elector:
         self._election: Election | None = None
         self._task: asyncio.Task[None] | None = None
         self._master_watcher: SentinelMasterWatcher | None = None
-        self._callbacks: _CallbackRunner | None = None
+        self._callbacks: CallbackRunner | None = None
         self._term: Leadership | None = None
         self._reported_leader: str | None = None
         self._term_started = asyncio.Event()  # set while a term is active, and once closing
         self._closing = False
         self._closed = asyncio.Event()
+        self._log = ElectionLog(lock=self.lock, identity=self.identity)
+        #: Bodies (and the stop callback) of ended terms that outlived stop_work_s, still running.
+        self._late_work = LateWork(lock=self.lock, identity=self.identity)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -362,6 +231,9 @@ class Elector:
             # First, so that nothing is left to close if it raises: ValueError when this lock's
             # metrics are on the registry already (another running Elector of the lock).
             self._metrics = ElectionMetrics(_families_of(self._registry), lock=self.lock, status=self.status)
+            waiting_for_own_work_gauge(self._registry).labels(self.lock).set_function(
+                lambda: float(self._late_work.running)
+            )
         backend = await self._connect()
         if self._client is not None:
             # A client of a redis+sentinel:// URL built by elector (ours, or the caller's from
@@ -389,7 +261,7 @@ class Elector:
             clock=boottime,
         )
         self._election = election
-        self._callbacks = _CallbackRunner(lock=self.lock)
+        self._callbacks = CallbackRunner(lock=self.lock)
         self._task = asyncio.create_task(election.run(), name=f"elector:{self.lock}")
         self._task.add_done_callback(self._election_ended)
 
@@ -441,6 +313,8 @@ class Elector:
                 await self._connections.aclose(within_s=self.timing.request_timeout_s)
             if self._metrics is not None:
                 self._metrics.close()
+                assert self._registry is not None
+                waiting_for_own_work_gauge(self._registry).remove(self.lock)
             self._closed.set()
 
     # -- observation and leadership ------------------------------------------------------------
@@ -454,27 +328,62 @@ class Elector:
             raise RuntimeError(f"the Elector of lock {self.lock!r} is not started")
         return self._election.status()
 
-    async def wait_for_leadership(self) -> Leadership:
-        """Wait until this process leads, and return the term (nothing is cancelled when it ends)."""
-        while True:
-            if self._task is None or self._closing or self._task.done():
-                raise RuntimeError(f"the Elector of lock {self.lock!r} is not running: use `async with`")
-            if self._term is not None and self._term.active:
-                return self._term
-            await self._term_started.wait()
+    # `timeout=`, not asyncio.timeout(): that one would also cancel the body (issue 24, item 2).
+    async def wait_for_leadership(self, *, timeout: float | None = None) -> Leadership:  # noqa: ASYNC109
+        """Wait until this process leads, and return the term (nothing is cancelled when it ends).
+
+        `timeout`: seconds; `LeadershipTimeout` (a TimeoutError) after that, saying whether Redis
+        was reached at all. The Elector keeps contending.
+        """
+        timeout_s = checked_timeout(timeout)
+        try:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    if self._task is None or self._closing or self._task.done():
+                        raise RuntimeError(self._not_running())
+                    if self._term is not None and self._term.active:
+                        return self._term
+                    await self._term_started.wait()
+        except TimeoutError:
+            assert timeout_s is not None
+            holder = self._election.status().holder if self._election is not None else None
+            raise LeadershipTimeout(
+                lock=self.lock,
+                timeout_s=timeout_s,
+                holder=None if holder is None else holder.identity,
+                redis_reached=self._log.redis_reached,
+                last_error=self._log.last_error,
+            ) from None
 
     def leadership(
-        self, *, resign_on_exit: bool = True, stand_back_s: float | None = None
-    ) -> _LeadershipScope:
+        self, *, resign_on_exit: bool = True, stand_back_s: float | None = None, timeout: float | None = None
+    ) -> LeadershipScope:
         """`async with` this: wait to lead, run the body as leader, cancel it when the term ends.
 
         Raises `LeadershipLost` if the term ended under the body. When the body ends otherwise, the
         term is resigned (unless `resign_on_exit=False`, or other blocks still run in it): released,
         and no contending for `stand_back_s` (default: one ttl, so every follower gets its turn).
+        `timeout` bounds the wait to lead (`LeadershipTimeout`), never the body.
         """
-        if stand_back_s is not None and (not is_number(stand_back_s) or stand_back_s < 0):
-            raise ElectorConfigError("stand_back_s", f"must be a non-negative number, got {stand_back_s!r}")
-        return _LeadershipScope(self, resign_on_exit=resign_on_exit, stand_back_s=stand_back_s)
+        stand_back_s = checked_stand_back(stand_back_s)
+        checked_timeout(timeout)
+        return LeadershipScope(
+            self, resign_on_exit=resign_on_exit, stand_back_s=stand_back_s, timeout_s=timeout
+        )
+
+    async def _enter_term(self, body: TermBody, *, timeout_s: float | None) -> Leadership:
+        """Wait to lead, then register `body` in the term (no await between: it is still active)."""
+        term = await self.wait_for_leadership(timeout=timeout_s)
+        term._scopes.add(body)
+        return term
+
+    def _not_running(self) -> str:
+        crashed = None
+        if self._task is not None and self._task.done() and not self._task.cancelled():
+            crashed = self._task.exception()
+        return not_running_message(
+            self.lock, started=self._task is not None, closed=self._closing, crashed=crashed
+        )
 
     async def _resign(self, term: Leadership, *, stand_back_s: float | None, wait: bool) -> None:
         """Give `term` up and, with `wait`, return once its lease is released (bounded)."""
@@ -496,8 +405,10 @@ class Elector:
     def _outcome(self, outcome: CycleOutcome) -> None:
         if outcome.kind is OutcomeKind.RELEASE_WITHHELD:
             self.releases_withheld += 1
+            self._late_work.lease_lapses_in((outcome.remaining_ms or 0) / 1000)
         if self._metrics is not None:
             self._metrics.observe(outcome)
+        self._log.observe(outcome)
         term = self._term
         if term is not None and not term.active and outcome.state not in (State.LEADER, State.STEPPING_DOWN):
             term._finished.set()
@@ -532,6 +443,7 @@ class Elector:
             return
         if not self._closing:
             self._term_started.clear()
+        scopes = list(term._scopes)
         bodies = term._end(reason)
         waits = list(bodies)
         if self._on_stopped_leading is not None:
@@ -541,6 +453,10 @@ class Elector:
         # The lease is released only after this returns: give the work its stop_work_s to stop.
         _, pending = await asyncio.wait(waits, timeout=self.timing.stop_work_s)
         if pending:
+            # Never lead beside our own late work: no contending until it has exited (and, by
+            # the election's own rule, not before the withheld lease could have lapsed).
+            assert self._election is not None
+            self._late_work.hold(self._election, pending, scopes)
             late_bodies = sum(1 for body in bodies if body in pending)
             late = (
                 f"{late_bodies} leadership() body(ies)" if late_bodies else "the on_stopped_leading callback"

@@ -145,8 +145,9 @@ def with_topology(
         return settings
     if settings is None:
         raise ElectorConfigError(
-            "cluster", "a Redis Cluster is reached through the URL of one of its nodes (redis=URL), "
-            "not through a client"
+            "cluster",
+            "a Redis Cluster is reached through the URL of one of its nodes (redis=URL), "
+            "not through a client",
         )
     return _validated(dataclasses.replace(settings, cluster=cluster, redlock_urls=redlock))
 
@@ -157,3 +158,15 @@ def _validated(settings: RedisSettings) -> RedisSettings:
     except InvalidRedisSettingsError as exc:
         raise ElectorConfigError(_TOPOLOGY_PARAMETERS.get(exc.setting, "redis"), str(exc)) from None
     return settings
+
+
+def checked_stand_back(stand_back_s: float | None) -> float | None:
+    if stand_back_s is not None and (not is_number(stand_back_s) or stand_back_s < 0):
+        raise ElectorConfigError("stand_back_s", f"must be a non-negative number, got {stand_back_s!r}")
+    return stand_back_s
+
+
+def checked_timeout(timeout: float | None) -> float | None:
+    if timeout is not None and (not is_number(timeout) or timeout < 0):
+        raise ElectorConfigError("timeout", f"must be a non-negative number of seconds, got {timeout!r}")
+    return timeout

@@ -9,7 +9,8 @@ docs/fencing.md); a resource that remembers the highest token it has accepted ca
 writes of any earlier leader, however late they arrive.
 
 `FencedStore` does that for string values kept in Redis, on the user's own
-`redis.asyncio.Redis` (or `RedisCluster`) client, whatever its `decode_responses` setting:
+`redis.asyncio.Redis` (or `RedisCluster`) client, whatever its `decode_responses` setting
+(`elector.sync.FencedStore`: the same on redis-py's sync `redis.Redis`/`RedisCluster`):
 
     store = FencedStore(client)
     result = await store.set("{jobs}:report", data, fencing_token=lease.fencing_token)
@@ -52,6 +53,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import redis
 import redis.asyncio
 import redis.exceptions
 from redis.commands.core import AsyncScript
@@ -214,29 +216,36 @@ def _parse_fence(raw: str | bytes, *, key: str, fence_key: str) -> int:
     return int(text)
 
 
-class FencedStore:
-    """Fenced writes of string values in Redis, on a client the caller owns (and closes).
+class FencedStoreBase:
+    """What the async and the sync store share: the checks, the scripts' arguments and replies.
 
-    The same store may be shared by any number of tasks and keys; it holds no state per key.
+    Subclasses only send the requests, on their kind of client.
     """
 
-    def __init__(
-        self,
-        client: redis.asyncio.Redis | redis.asyncio.RedisCluster,
-        *,
-        fence_key_suffix: str = ":fence",
-    ) -> None:
+    #: The client classes a subclass works with, and the store that takes the other kind.
+    _CLIENTS: tuple[type, ...] = ()
+    _CLIENT_NAMES = ""
+    _OTHER_KIND: tuple[tuple[type, ...], str] = ((), "")
+
+    def __init__(self, client: object, *, fence_key_suffix: str = ":fence") -> None:
+        if not isinstance(client, self._CLIENTS):
+            other_clients, other_store = self._OTHER_KIND
+            hint = (
+                f"; for a {type(client).__module__}.{type(client).__name__} use {other_store}"
+                if isinstance(client, other_clients)
+                else ""
+            )
+            raise TypeError(
+                f"{type(self).__module__}.{type(self).__name__} needs a {self._CLIENT_NAMES} client, "
+                f"got {type(client).__name__}{hint}"
+            )
         if not fence_key_suffix:
             raise ValueError("fence_key_suffix must not be empty: the fence key would be the key itself")
         if "{" in fence_key_suffix or "}" in fence_key_suffix:
             # A brace could complete or start a hash tag and move the fence to another slot.
             raise ValueError(f"fence_key_suffix must not contain braces, got {fence_key_suffix!r}")
-        self._client = client
         self._suffix = fence_key_suffix
-        self._cluster = isinstance(client, redis.asyncio.RedisCluster)
-        self._set = client.register_script(FENCED_SET)
-        self._delete = client.register_script(FENCED_DELETE)
-        self._raise_fence = client.register_script(RAISE_FENCE)
+        self._cluster = isinstance(client, redis.asyncio.RedisCluster | redis.RedisCluster)
 
     def fence_key(self, key: str) -> str:
         """The name of the key holding `key`'s highest accepted token."""
@@ -250,6 +259,69 @@ class FencedStore:
             )
         return fence_key
 
+    def _set_args(
+        self, key: str, value: str | bytes, *, fencing_token: int, ttl_ms: int | None
+    ) -> tuple[str, list[str | bytes]]:
+        """(fence key, ARGV) of FENCED_SET, all checked."""
+        token = check_fencing_token(fencing_token)
+        if not isinstance(value, str | bytes):
+            raise ValueError(f"value must be str or bytes, got {type(value).__name__}")
+        if ttl_ms is not None and (not isinstance(ttl_ms, int) or isinstance(ttl_ms, bool) or ttl_ms <= 0):
+            raise ValueError(f"ttl_ms must be a positive int or None, got {ttl_ms!r}")
+        return self.fence_key(key), [str(token), value, "" if ttl_ms is None else str(ttl_ms)]
+
+    def _token_args(self, key: str, *, fencing_token: int) -> tuple[str, list[str | bytes]]:
+        """(fence key, ARGV) of FENCED_DELETE and RAISE_FENCE, checked."""
+        token = check_fencing_token(fencing_token)
+        return self.fence_key(key), [str(token)]
+
+
+def write_result(reply: list[int]) -> FencedWriteResult:
+    return FencedWriteResult(accepted=int(reply[0]) == 1, highest_token=int(reply[1]))
+
+
+def script_error(exc: redis.exceptions.ResponseError, *, key: str, fence_key: str) -> Exception:
+    """Our scripts' report of a corrupt fence as CorruptFenceKeyError; any other error as it is."""
+    text = str(exc)
+    if _CORRUPT_MARK in text:
+        detail = text[text.index(_CORRUPT_MARK) + len(_CORRUPT_MARK) :].strip()
+        return CorruptFenceKeyError(key=key, fence_key=fence_key, detail=detail)
+    return exc
+
+
+def fence_value(raw: str | bytes | None, *, key: str, fence_key: str) -> int | None:
+    return None if raw is None else _parse_fence(raw, key=key, fence_key=fence_key)
+
+
+def wrongtype_error(exc: redis.exceptions.ResponseError, *, key: str, fence_key: str) -> Exception:
+    if "WRONGTYPE" in str(exc):
+        return CorruptFenceKeyError(key=key, fence_key=fence_key, detail="is not a string")
+    return exc
+
+
+class FencedStore(FencedStoreBase):
+    """Fenced writes of string values in Redis, on an asyncio client the caller owns (and closes).
+
+    The same store may be shared by any number of tasks and keys; it holds no state per key.
+    For redis-py's sync client, use `elector.sync.FencedStore` (same methods, not awaited).
+    """
+
+    _CLIENTS = (redis.asyncio.Redis, redis.asyncio.RedisCluster)
+    _CLIENT_NAMES = "redis.asyncio.Redis or redis.asyncio.RedisCluster"
+    _OTHER_KIND = ((redis.Redis, redis.RedisCluster), "elector.sync.FencedStore")
+
+    def __init__(
+        self,
+        client: redis.asyncio.Redis | redis.asyncio.RedisCluster,
+        *,
+        fence_key_suffix: str = ":fence",
+    ) -> None:
+        super().__init__(client, fence_key_suffix=fence_key_suffix)
+        self._client = client
+        self._set = client.register_script(FENCED_SET)
+        self._delete = client.register_script(FENCED_DELETE)
+        self._raise_fence = client.register_script(RAISE_FENCE)
+
     async def set(
         self, key: str, value: str | bytes, *, fencing_token: int, ttl_ms: int | None = None
     ) -> FencedWriteResult:
@@ -258,25 +330,16 @@ class FencedStore:
         `ttl_ms`: the value's time to live; None for no expiry (like SET, this clears an expiry
         the key had). The fence key never expires (see the module docstring).
         """
-        token = check_fencing_token(fencing_token)
-        if not isinstance(value, str | bytes):
-            raise ValueError(f"value must be str or bytes, got {type(value).__name__}")
-        if ttl_ms is not None and (not isinstance(ttl_ms, int) or isinstance(ttl_ms, bool) or ttl_ms <= 0):
-            raise ValueError(f"ttl_ms must be a positive int or None, got {ttl_ms!r}")
-        fence_key = self.fence_key(key)
-        args = [str(token), value, "" if ttl_ms is None else str(ttl_ms)]
-        reply = await self._run(self._set, key=key, fence_key=fence_key, args=args)
-        return FencedWriteResult(accepted=int(reply[0]) == 1, highest_token=int(reply[1]))
+        fence_key, args = self._set_args(key, value, fencing_token=fencing_token, ttl_ms=ttl_ms)
+        return write_result(await self._run(self._set, key=key, fence_key=fence_key, args=args))
 
     async def delete(self, key: str, *, fencing_token: int) -> FencedWriteResult:
         """DEL `key` unless a higher token than `fencing_token` was accepted for it.
 
         Accepted also when the key did not exist; the fence is kept and raised to the token.
         """
-        token = check_fencing_token(fencing_token)
-        fence_key = self.fence_key(key)
-        reply = await self._run(self._delete, key=key, fence_key=fence_key, args=[str(token)])
-        return FencedWriteResult(accepted=int(reply[0]) == 1, highest_token=int(reply[1]))
+        fence_key, args = self._token_args(key, fencing_token=fencing_token)
+        return write_result(await self._run(self._delete, key=key, fence_key=fence_key, args=args))
 
     async def raise_fence(self, key: str, *, fencing_token: int) -> FencedWriteResult:
         """Raise `key`'s fence to `fencing_token` without touching its value.
@@ -284,22 +347,20 @@ class FencedStore:
         Until a new leader's first fenced write, its predecessor's writes are still accepted;
         a leader that must shut its predecessor out at once calls this when it takes over.
         """
-        token = check_fencing_token(fencing_token)
-        fence_key = self.fence_key(key)
-        reply = await self._run(self._raise_fence, key=key, fence_key=fence_key, args=[str(token)])
-        return FencedWriteResult(accepted=int(reply[0]) == 1, highest_token=int(reply[1]))
+        fence_key, args = self._token_args(key, fencing_token=fencing_token)
+        return write_result(await self._run(self._raise_fence, key=key, fence_key=fence_key, args=args))
 
     async def set_or_raise(
         self, key: str, value: str | bytes, *, fencing_token: int, ttl_ms: int | None = None
     ) -> FencedWriteResult:
         """`set`, raising StaleFencingTokenError if the write was rejected."""
         result = await self.set(key, value, fencing_token=fencing_token, ttl_ms=ttl_ms)
-        return _accepted_or_raise(result, key=key, token=fencing_token)
+        return accepted_or_raise(result, key=key, token=fencing_token)
 
     async def delete_or_raise(self, key: str, *, fencing_token: int) -> FencedWriteResult:
         """`delete`, raising StaleFencingTokenError if the delete was rejected."""
         result = await self.delete(key, fencing_token=fencing_token)
-        return _accepted_or_raise(result, key=key, token=fencing_token)
+        return accepted_or_raise(result, key=key, token=fencing_token)
 
     async def highest_token(self, key: str) -> int | None:
         """The highest token accepted for `key`, or None if it was never written through a fence.
@@ -311,10 +372,8 @@ class FencedStore:
         try:
             raw: str | bytes | None = await self._client.get(fence_key)
         except redis.exceptions.ResponseError as exc:
-            if "WRONGTYPE" in str(exc):
-                raise CorruptFenceKeyError(key=key, fence_key=fence_key, detail="is not a string") from exc
-            raise
-        return None if raw is None else _parse_fence(raw, key=key, fence_key=fence_key)
+            raise wrongtype_error(exc, key=key, fence_key=fence_key) from exc
+        return fence_value(raw, key=key, fence_key=fence_key)
 
     async def _run(
         self,
@@ -327,15 +386,11 @@ class FencedStore:
         try:
             reply: list[int] = await script(keys=[key, fence_key], args=args)
         except redis.exceptions.ResponseError as exc:
-            text = str(exc)
-            if _CORRUPT_MARK in text:
-                detail = text[text.index(_CORRUPT_MARK) + len(_CORRUPT_MARK) :].strip()
-                raise CorruptFenceKeyError(key=key, fence_key=fence_key, detail=detail) from exc
-            raise
+            raise script_error(exc, key=key, fence_key=fence_key) from exc
         return reply
 
 
-def _accepted_or_raise(result: FencedWriteResult, *, key: str, token: int) -> FencedWriteResult:
+def accepted_or_raise(result: FencedWriteResult, *, key: str, token: int) -> FencedWriteResult:
     if not result.accepted:
         raise StaleFencingTokenError(key=key, token=token, highest_seen=result.highest_token)
     return result

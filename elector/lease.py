@@ -15,6 +15,7 @@ import dataclasses
 import enum
 import os
 import re
+import secrets
 import socket
 from collections.abc import Mapping
 from typing import Protocol
@@ -314,3 +315,14 @@ def default_identity(environ: Mapping[str, str] | None = None) -> str:
     """`$POD_NAME` (set from the downward API in Kubernetes), else the host name."""
     env = os.environ if environ is None else environ
     return env.get("POD_NAME") or socket.gethostname()
+
+
+def default_library_identity(environ: Mapping[str, str] | None = None) -> str:
+    """The library's default: `default_identity()`, the process id and a short random suffix.
+
+    Several processes of one pod or host (workers of a web server, a test's subprocesses) each
+    get their own identity; the suffix tells a restarted process that reused a pid from its
+    predecessor. Example: `web-0-4711-3f9a2c`.
+    """
+    suffix = f"-{os.getpid()}-{secrets.token_hex(3)}"
+    return default_identity(environ)[: MAX_IDENTITY_LENGTH - len(suffix)] + suffix

@@ -11,11 +11,12 @@ import pytest
 
 import elector
 import elector.kube
+import elector.sync
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
 #: Modules besides `elector` itself that are documented for users (docs/library.md).
-DOCUMENTED_MODULES = ("elector.kube", "elector.testing")
+DOCUMENTED_MODULES = ("elector.kube", "elector.testing", "elector.sync")
 _PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
@@ -67,6 +68,7 @@ def test_docs_library_md_lists_every_exported_name() -> None:
     missing = [name for name in elector.__all__ if f"`{name}`" not in section]
     assert not missing, f"exported but not listed in docs/library.md's Public API: {missing}"
     assert all(f"`{name}`" in section for name in elector.kube.__all__)
+    assert all(f"`{name}`" in section for name in elector.sync.__all__)
 
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda path: path.name)
@@ -85,7 +87,8 @@ def test_the_examples_are_found_and_read() -> None:
         name: [use for _, source in python_blocks(ROOT / name) for use in uses_of_elector(source)]
         for name in ("README.md", "docs/library.md", "docs/topologies.md", "docs/fencing.md")
     }
-    assert {"elector.Elector", "elector.kube:run_singleton_blocking"} <= set(uses["README.md"])
+    assert {"elector.Elector", "elector.run", "elector.kube:run_singleton_blocking"} <= set(uses["README.md"])
+    assert {"elector.sync", "elector.run", "elector.LeadershipTimeout"} <= set(uses["docs/library.md"])
     assert "elector.Elector" in uses["docs/topologies.md"]  # the Cluster and Redlock examples
     assert "elector:StaleFencingTokenError" in uses["docs/fencing.md"]
 

@@ -136,6 +136,9 @@ class Election:
         self._rival_seen_since: float | None = None
         self._resign_stand_back_s: float | None = None
         self._contend_not_before = 0.0
+        #: Held by the program while its own leader work of an ended term still runs.
+        self._contend_held = False
+        self._hold_lifted = False
 
         self._holder: Holder | None = None
         self._holder_expires_at: float | None = None
@@ -154,6 +157,9 @@ class Election:
         self._wakeup = asyncio.Event()
         self._events: collections.deque[LeaseEvent] = collections.deque(maxlen=64)
         self._subscribed = asyncio.Event()
+        #: Set once the first subscription succeeded or failed: a failure need not be waited out
+        #: (a wrong URL or password then shows in the first acquire, within a request timeout).
+        self._subscribe_tried = asyncio.Event()
         self._resubscribed = False
 
     # -- observation ---------------------------------------------------------------------------
@@ -192,6 +198,7 @@ class Election:
             cycle_due_by=self._cycle_due_by,
             backend_up=self._backend_up,
             now=now,
+            waiting_for_own_work=self._contend_held,
         )
 
     # -- control -------------------------------------------------------------------------------
@@ -215,6 +222,15 @@ class Election:
             raise ValueError(f"stand_back_s must not be negative, got {stand_back_s}")
         if self._state is State.LEADER:
             self._resign_stand_back_s = stand_back_s
+            self._wakeup.set()
+
+    def hold_contending(self, held: bool) -> None:
+        """While held, a follower sends no acquire (outcomes STAND_BACK): the program's own leader
+        work of an ended term still runs. Lifting the hold contends at once (not before a
+        withheld lease could have lapsed)."""
+        self._contend_held = held
+        if not held:
+            self._hold_lifted = True
             self._wakeup.set()
 
     async def run(self, *, start_delay_s: float = 0.0) -> None:
@@ -243,7 +259,7 @@ class Election:
             self._cycle_due_by = self._clock() + 2 * self._timing.request_timeout_s
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(2 * self._timing.request_timeout_s):
-                    await self._subscribed.wait()
+                    await self._subscribe_tried.wait()
             while True:
                 if self._stop_requested and self._state is not State.STEPPING_DOWN:
                     if self._state is State.LEADER:
@@ -311,15 +327,18 @@ class Election:
 
     async def _follower_cycle(self) -> CycleOutcome:
         sent = self._clock()
-        if sent < self._contend_not_before:
-            # We resigned a moment ago: let the others have it (no request is sent).
+        self._hold_lifted = False
+        if sent < self._contend_not_before or self._contend_held:
+            # We resigned a moment ago (let the others have it), or our own late work still runs:
+            # no request is sent. A lifted hold wakes us (see `_sleep_until`).
+            until = self._contend_not_before if sent < self._contend_not_before else sent + self._timing.ttl_s
             return CycleOutcome(
                 kind=OutcomeKind.STAND_BACK,
                 state=self._state,
                 at=sent,
                 holder=self._holder,
-                remaining_ms=_ms(self._contend_not_before - sent),
-                next_cycle_at=self._contend_not_before,
+                remaining_ms=_ms(until - sent),
+                next_cycle_at=until,
             )
         self._cycle_due_by = sent + self._timing.request_timeout_s
         try:
@@ -721,7 +740,7 @@ class Election:
 
     async def _sleep_until(self, when: float) -> None:
         """Sleep until `when`, a stop request, or an announcement that calls for a cycle now."""
-        while not self._stop_requested and self._resign_stand_back_s is None:
+        while not self._stop_requested and self._resign_stand_back_s is None and not self._hold_lifted:
             if self._handle_announcements():
                 earliest = (self._last_attempt_at or 0.0) + MIN_ATTEMPT_SPACING_S
                 when = min(when, max(earliest, self._clock()))
@@ -786,6 +805,7 @@ class Election:
                     subscription = await self._backend.subscribe(keepalive_s=self._keepalive_s)
             except (LeaseBackendError, TimeoutError) as exc:
                 failures += 1
+                self._subscribe_tried.set()
                 logger.debug("cannot subscribe to announcements: %s", _describe(exc))
                 await asyncio.sleep(self._resubscribe_delay_s(failures))
                 continue
@@ -793,6 +813,7 @@ class Election:
                 self._resubscribed = True
                 self._wakeup.set()
             self._subscribed.set()
+            self._subscribe_tried.set()
             subscribed_at = self._clock()
             try:
                 while True:

@@ -125,3 +125,5 @@ class ElectionStatus:
     backend_up: bool
     #: The clock reading this snapshot was computed at.
     now: float
+    #: Not contending because the program's own leader work of an ended term still runs.
+    waiting_for_own_work: bool = False

@@ -1,0 +1,124 @@
+"""What the library says about its election: stdlib `logging` lines and its own metric.
+
+Logger `elector.api` (structlog's stdlib integration picks the `extra` fields up). The levels:
+
+* WARNING, once, when Redis becomes unreachable (a wrong URL, a refused password, a cut link: the
+  first failed request, so within one request timeout), and INFO, once, when it answers again;
+* INFO for each transition (leading, released, stepped down, release withheld: ERROR) with the
+  lock, our identity and the fencing token;
+* WARNING when another live candidate of the lock reports our identity;
+* nothing else on the happy path: renewals and followers' looks are silent.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+
+from prometheus_client import CollectorRegistry, Gauge
+
+from elector.election import CycleOutcome, OutcomeKind, State
+
+logger = logging.getLogger("elector.api")
+
+#: Failed requests: the outcomes that say Redis did not answer (or refused us).
+_FAILURES = frozenset({OutcomeKind.ACQUIRE_ERROR, OutcomeKind.RENEW_ERROR})
+
+_WAITING_GAUGES: weakref.WeakKeyDictionary[CollectorRegistry, Gauge] = weakref.WeakKeyDictionary()
+
+
+def waiting_for_own_work_gauge(registry: CollectorRegistry) -> Gauge:
+    """`elector_waiting_for_own_work{lock}` on `registry` (one family per registry)."""
+    gauge = _WAITING_GAUGES.get(registry)
+    if gauge is None:
+        gauge = _WAITING_GAUGES[registry] = Gauge(
+            "elector_waiting_for_own_work",
+            "1 while this Elector does not contend because its own leader work of an ended term "
+            "still runs (it outlived stop_work_s), else 0",
+            ["lock"],
+            registry=registry,
+        )
+    return gauge
+
+
+class ElectionLog:
+    """Turns an Elector's outcomes into the few log lines a user needs; remembers Redis's state."""
+
+    def __init__(self, *, lock: str, identity: str) -> None:
+        self._lock = lock
+        self._identity = identity
+        #: None until the first answer or failure; then whether the last request was answered.
+        self.redis_up: bool | None = None
+        self.redis_reached = False
+        self.last_error: str | None = None
+        self._duplicate_warned = False
+        self._token: int | None = None  # of our current (or last) term
+
+    def observe(self, outcome: CycleOutcome) -> None:
+        extra: dict[str, object] = {"lock": self._lock, "identity": self._identity}
+        if outcome.kind in _FAILURES or (outcome.error_kind is not None):
+            self.last_error = outcome.error
+            if self.redis_up is not False:
+                self.redis_up = False
+                logger.warning(
+                    "lock %r: Redis unreachable (%s); %s",
+                    self._lock,
+                    outcome.error,
+                    "retrying" if outcome.state is State.FOLLOWER else "renewing until the deadline",
+                    extra={**extra, "error_kind": outcome.error_kind},
+                )
+        elif outcome.duration_s is not None:
+            if self.redis_up is False:
+                logger.info("lock %r: Redis answers again", self._lock, extra=extra)
+            self.redis_up = self.redis_reached = True
+        holder = outcome.holder
+        if (
+            outcome.kind is OutcomeKind.HELD
+            and holder is not None
+            and holder.identity == self._identity
+            and not self._duplicate_warned
+        ):
+            self._duplicate_warned = True
+            logger.warning(
+                "lock %r: another live candidate holds it under our identity %r (fencing token %s): "
+                "give each process its own identity (the default is unique)",
+                self._lock,
+                self._identity,
+                holder.fencing_token,
+                extra=extra,
+            )
+        if outcome.is_transition:
+            self._transition(outcome, extra)
+
+    def _transition(self, outcome: CycleOutcome, extra: dict[str, object]) -> None:
+        if outcome.kind is OutcomeKind.ACQUIRED and outcome.holder is not None:
+            self._token = outcome.holder.fencing_token
+        token = self._token
+        extra = {**extra, "fencing_token": token, "reason": outcome.step_down_reason}
+        kind = outcome.kind
+        if kind is OutcomeKind.ACQUIRED:
+            logger.info(
+                "lock %r: leading as %r, fencing token %s", self._lock, self._identity, token, extra=extra
+            )
+        elif kind is OutcomeKind.RELEASE_WITHHELD:
+            logger.error(
+                "lock %r: leader work of %r, fencing token %s, did not stop; release withheld: %s",
+                self._lock, self._identity, token, outcome.error, extra=extra,
+            )  # fmt: skip
+        elif outcome.step_down_reason is not None or kind is OutcomeKind.RELEASED:
+            logger.info(
+                "lock %r: stepped down (%s) as %r, fencing token %s%s",
+                self._lock,
+                outcome.step_down_reason or "released",
+                self._identity,
+                token,
+                "; released" if kind is OutcomeKind.RELEASED else "",
+                extra=extra,
+            )
+        elif kind is OutcomeKind.RELEASE_FAILED:
+            # Redis unreachable was said once already; a lease found no longer ours is news.
+            logger.log(
+                logging.INFO if outcome.error_kind is not None else logging.WARNING,
+                "lock %r: release failed (%s) as %r, fencing token %s; the lease lapses by its ttl",
+                self._lock, outcome.error, self._identity, token, extra=extra,
+            )  # fmt: skip

@@ -1,0 +1,139 @@
+"""Loud failures, acquire timeouts, identities and closed Electors (async API; the sync one shares
+the core), against real redis-server processes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import socket
+
+import pytest
+import redis.asyncio
+
+from elector import Elector, LeadershipTimeout
+from tests.support.seed import seed_used_lock_async
+from tests.support.tcp_proxy import TcpProxy
+from tests.support.waiting import until
+
+LOCK = "jobs"
+
+
+@pytest.fixture
+async def raw(raw: redis.asyncio.Redis) -> redis.asyncio.Redis:
+    await seed_used_lock_async(raw, LOCK)
+    return raw
+
+
+def records(caplog: pytest.LogCaptureFixture, level: int) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "elector.api" and r.levelno == level]
+
+
+async def test_the_happy_path_logs_transitions_at_info_with_lock_identity_and_token(
+    redis_url: str, raw, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="elector")
+    async with Elector(LOCK, redis=redis_url, identity="a", ttl_s=1.0) as e:
+        async with e.leadership() as lease:
+            await asyncio.sleep(1.0)  # a few renewals: silent
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    info = [r.getMessage() for r in records(caplog, logging.INFO)]
+    token = lease.fencing_token
+    assert info == [
+        f"lock 'jobs': leading as 'a', fencing token {token}",
+        f"lock 'jobs': stepped down (resigned) as 'a', fencing token {token}; released",
+    ]
+    assert all(r.lock == LOCK and r.identity == "a" for r in records(caplog, logging.INFO))  # type: ignore[attr-defined]
+
+
+async def test_a_wrong_url_warns_within_a_request_timeout_and_the_timeout_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="elector")
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        e = Elector(LOCK, redis=f"redis://127.0.0.1:{port}/0", identity="a")  # default ttl: 10 s
+        async with e:
+            await until(lambda: records(caplog, logging.WARNING), timeout_s=e.timing.request_timeout_s)
+            with pytest.raises(LeadershipTimeout, match="Redis was not reached") as info:
+                await e.wait_for_leadership(timeout=0.2)
+    assert not info.value.redis_reached
+    assert "Connect" in (info.value.last_error or "") or "connect" in (info.value.last_error or "")
+    [warning] = records(caplog, logging.WARNING)
+    assert "Redis unreachable" in warning.getMessage()
+
+
+async def test_refused_auth_is_a_warning(redis_url: str, raw, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="elector")
+    await raw.config_set("requirepass", "secret")
+    e = Elector(LOCK, redis=redis_url.replace("redis://", "redis://:wrong@"), identity="a")
+    async with e:
+        await until(lambda: records(caplog, logging.WARNING), timeout_s=e.timing.request_timeout_s)
+    assert "wrong" not in records(caplog, logging.WARNING)[0].getMessage()  # no secrets in logs
+
+
+async def test_one_warning_when_redis_goes_away_and_one_info_when_it_is_back(
+    tcp_proxy: TcpProxy, raw, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="elector")
+    async with Elector(LOCK, redis=tcp_proxy.url, identity="a", ttl_s=1.0) as e:
+        await e.wait_for_leadership(timeout=5)
+        tcp_proxy.cut()
+        await until(lambda: not e.is_leader, timeout_s=5)
+        await asyncio.sleep(1.0)  # many failed tries meanwhile
+        tcp_proxy.restore()
+        await e.wait_for_leadership(timeout=10)
+    warnings = [r.getMessage() for r in records(caplog, logging.WARNING)]
+    assert len(warnings) == 1 and "Redis unreachable" in warnings[0], warnings
+    assert [r.getMessage() for r in records(caplog, logging.INFO)].count(
+        "lock 'jobs': Redis answers again"
+    ) == 1
+
+
+async def test_an_acquire_timeout_bounds_the_wait_never_the_body(redis_url: str, raw) -> None:
+    async with Elector(LOCK, redis=redis_url, identity="a", ttl_s=1.0) as a:
+        await a.wait_for_leadership(timeout=5)
+        async with a.leadership(timeout=0.2) as lease:
+            await asyncio.sleep(0.6)  # longer than the timeout: not cancelled
+            assert lease.active
+            async with Elector(LOCK, redis=redis_url, identity="b", ttl_s=1.0) as b:
+                with pytest.raises(LeadershipTimeout, match="held by 'a'") as info:
+                    async with b.leadership(timeout=0.3):
+                        pytest.fail("b cannot lead while a does")
+    assert info.value.redis_reached
+    assert info.value.holder == "a"
+    assert isinstance(info.value, TimeoutError)
+
+
+def test_the_default_identity_is_host_pid_and_a_random_suffix() -> None:
+    one = Elector(LOCK, redis="redis://127.0.0.1:1/0")
+    two = Elector(LOCK, redis="redis://127.0.0.1:1/0")
+    host = os.environ.get("POD_NAME") or socket.gethostname()
+    for e in (one, two):
+        assert re.fullmatch(rf"{re.escape(host)}-{os.getpid()}-[0-9a-f]{{6}}", e.identity), e.identity
+    assert one.identity != two.identity
+
+
+async def test_two_live_candidates_with_one_identity_are_warned_about(
+    redis_url: str, raw, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="elector")
+    async with Elector(LOCK, redis=redis_url, identity="same", ttl_s=1.0) as a:
+        await a.wait_for_leadership(timeout=5)
+        async with Elector(LOCK, redis=redis_url, identity="same", ttl_s=1.0):
+            await until(lambda: records(caplog, logging.WARNING), timeout_s=5)
+    [warning] = records(caplog, logging.WARNING)
+    assert "under our identity 'same'" in warning.getMessage()
+
+
+async def test_errors_after_aclose_say_the_elector_was_closed(redis_url: str, raw) -> None:
+    e = Elector(LOCK, redis=redis_url, identity="a", ttl_s=1.0)
+    with pytest.raises(RuntimeError, match="not started"):
+        await e.wait_for_leadership()
+    async with e:
+        pass
+    with pytest.raises(RuntimeError, match=r"was closed \(aclose\(\)"):
+        async with e.leadership():
+            pass
