@@ -14,7 +14,15 @@ import textwrap
 import time
 from pathlib import Path
 
+import structlog
+import structlog.testing
+
 from elector.daemon.execmode.keeper import EXIT_DEADLINE_PASSED, Schedule, boottime
+from elector.daemon.execmode.runner import ExecMode
+from elector.daemon.execmode.supervisor import AwaitedChildren
+from elector.daemon.settings import ExecSettings
+from elector.election import ElectionStatus, State
+from elector.lease import Lease
 from tests.daemon.execmode.test_keeper import (  # noqa: F401 - keepers is a fixture
     NOISE_S,
     Started,
@@ -27,6 +35,7 @@ from tests.daemon.execmode.test_keeper import (  # noqa: F401 - keepers is a fix
     stubborn,
     wait_for_pids,
 )
+from tests.support.waiting import until
 
 # -- the keeper's death --------------------------------------------------------------------------
 
@@ -188,3 +197,44 @@ def test_a_chain_of_escaped_processes_that_ignore_term_is_killed_in_one_pass(
     # At once, the leaf dies with the first pass, right at the deadline.
     assert last_write < deadline + 1.0, f"the leaf wrote {last_write - deadline:.3f}s past the deadline"
     assert dead_at < deadline + NOISE_S
+
+
+# -- the daemon says why --------------------------------------------------------------------------
+
+
+class LateElection:
+    """Leading, as far as the status says, with a validity that ended a moment ago: the keeper is
+    then given a validity end in the past (a daemon that stalled between the two)."""
+
+    def __init__(self) -> None:
+        self.resigned: list[float] = []
+
+    def status(self) -> ElectionStatus:
+        return ElectionStatus(
+            lock="jobs", identity="a", state=State.LEADER, is_leader=True, holder=None,
+            fencing_token=7, lease_remaining_s=-0.5, started=True, last_backend_ok_at=None,
+            cycle_due_by=None, backend_up=True, now=boottime(),
+        )  # fmt: skip
+
+    def resign(self, *, stand_back_s: float) -> None:
+        self.resigned.append(stand_back_s)
+
+
+async def test_the_daemon_logs_why_a_keeper_started_nothing(tmp_path: Path) -> None:
+    settings = ExecSettings(command=("touch", str(tmp_path / "started")), kill_grace_s=0.3)
+    exec_mode = ExecMode(
+        settings, log=structlog.get_logger("test"), request_exit=lambda code: None,
+        children=AwaitedChildren(), keeper_margin_s=0.3, park_keeper=False,
+    )  # fmt: skip
+    election = LateElection()
+    exec_mode.attach(election)
+    lease = Lease(lock="jobs", identity="a", fencing_token=7, ttl_ms=60_000, value="secret")
+    try:
+        with structlog.testing.capture_logs() as logs:
+            await exec_mode.on_started_leading(lease)
+            await until(lambda: election.resigned, timeout_s=10)
+        [refused] = [entry for entry in logs if entry["event"] == "command_not_started"]
+        assert refused["reason"] == "deadline_passed" and refused["exit_code"] == EXIT_DEADLINE_PASSED
+        assert not (tmp_path / "started").exists()
+    finally:
+        await exec_mode.close()
