@@ -153,6 +153,49 @@ def test_the_daemon_alone_killed_frozen_or_stalled_leaves_no_command_beside_the_
     assert report.covered_overlaps == []
 
 
+@pytest.mark.parametrize("policy", ["release", "restart"])
+def test_a_keeper_killed_alone_then_its_daemon_frozen_leaves_no_command_beside_the_successor(
+    tmp_path: Path, policy: str
+) -> None:
+    # Two faults: nothing of elector can act after the first but the command's death signal
+    # (PR_SET_PDEATHSIG towards its keeper); before, the command ran on beside the successor.
+    with Cluster(
+        tmp_path / "run", ttl_s=TTL_S, options_of=lambda slot: ("--on-child-exit", policy)
+    ) as cluster:
+        time.sleep(0.5)
+        injected = faults.kill_keeper(cluster, then_pause_daemon_s=2 * TTL_S)
+        _, successor_pid = cluster.wait_for_leader(timeout_s=TTL_S + 8, not_pid=injected.child_pid)
+        assert faults.orphans(injected) == [], "the old command's session outlived its keeper"
+        daemon = injected.node.daemon
+        wait_until(lambda: "keeper_lost" in [line.get("event") for line in daemon.log_lines()], timeout_s=10)
+        report = judge(cluster)
+    old = next(term for term in report.terms if term.pid == injected.child_pid)
+    successor = next(term for term in report.terms if term.pid == successor_pid)
+    assert old.end < successor.start, report.explain()
+    assert report.covered_overlaps == []
+
+
+def test_a_keeper_killed_alone_under_restart_has_its_command_killed_at_once_and_started_again(
+    tmp_path: Path,
+) -> None:
+    with Cluster(
+        tmp_path / "run", ttl_s=TTL_S, options_of=lambda slot: ("--on-child-exit", "restart")
+    ) as cluster:
+        time.sleep(0.5)
+        injected = faults.kill_keeper(cluster)
+        assert injected.kind == "kill_keeper_restart"
+        node, pid = cluster.wait_for_leader(timeout_s=TTL_S + 8, not_pid=injected.child_pid)
+        assert node is injected.node, "the daemon keeps leading and restarts its command"
+        assert faults.orphans(injected) == []
+        wait_until(lambda: wrote(node.journal, pid), timeout_s=10)
+        report = judge(cluster)
+    old = next(term for term in report.terms if term.pid == injected.child_pid)
+    restarted = next(term for term in report.terms if term.pid == pid)
+    # Killed at once (no SIGTERM, so no end record of its own), not after the restart's back-off.
+    assert old.end_source == "gone", report.explain()
+    assert restarted.token == old.token and old.end < restarted.start, report.explain()
+
+
 def test_a_slow_link_to_the_leader_never_gives_two_leaders(cluster: Cluster) -> None:
     time.sleep(0.5)
     # 0.13 s each way: a round trip just inside the request timeout (0.3 s at ttl 2 s), so some
