@@ -68,6 +68,8 @@ class Run:
     stopping: bool = False
     #: The stop was begun by the supervisor itself (a lost keeper): its result waits for stop().
     report_later: bool = False
+    #: The keeper exited without reporting its tree gone: the stop must find all of it alone.
+    keeper_lost: bool = False
     natural_exit: ChildExit | None = None
     #: The child's exit code as stop() read it through its pidfd, before asyncio reported it.
     seen_returncode: int | None = None

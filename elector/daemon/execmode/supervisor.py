@@ -381,6 +381,7 @@ class ChildSupervisor:
             detail="the keeper exited without reporting its command's tree gone (killed alone?)",
             effect="the command's group and session are killed at once",
         )
+        run.keeper_lost = True  # the stop follows escaped chains itself (treestop.py)
         run.hurry.set()  # a stop in its grace goes to SIGKILL now; a new one skips the grace
         run.wake.set()
         if self._on_keeper_lost is not None:

@@ -142,9 +142,12 @@ class TreeStopper:
                 return [Proc(run.pid, "?", -1, run.pid, run.pid, 0)]
             return []
         me = os.getpid()
-        return [
+        # With its keeper lost, the tree's escaped chains are ours alone to find: the whole table,
+        # to follow them (else only the session and our children: cheaper to read).
+        procs = all_procs() if run.keeper_lost else all_procs(session=run.pid, parent=me)
+        tree = [
             proc
-            for proc in all_procs(session=run.pid, parent=me)
+            for proc in procs
             if proc.sid == run.pid
             or (
                 proc.ppid == me
@@ -153,3 +156,22 @@ class TreeStopper:
                 and proc.start_ticks >= run.start_ticks
             )
         ]
+        return descendants_closure(tree, procs) if run.keeper_lost else tree
+
+
+def descendants_closure(roots: list[Proc], procs: list[Proc]) -> list[Proc]:
+    """`roots` and, transitively, every process of `procs` that descends from one of them or is
+    in a group or session one of them leads: escaped chains whose parents still live included
+    (see keeper.py's `tree_of`, which does the same in the keeper)."""
+    related: dict[int, list[Proc]] = {}
+    for proc in procs:
+        for key in {proc.ppid, proc.pgid, proc.sid}:
+            related.setdefault(key, []).append(proc)
+    found = {proc.pid: proc for proc in roots}
+    pending = list(roots)
+    while pending:
+        for proc in related.get(pending.pop().pid, ()):
+            if proc.pid not in found:
+                found[proc.pid] = proc
+                pending.append(proc)
+    return list(found.values())

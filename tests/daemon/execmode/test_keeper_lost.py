@@ -13,6 +13,8 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from elector.daemon.execmode.keeper import boottime
 from elector.daemon.execmode.keeper_link import KeeperLink
 from elector.daemon.execmode.supervisor import ChildExit, ChildSupervisor
 from tests.daemon.execmode.test_keeper import pids_in, running, stubborn, terms
+from tests.daemon.execmode.test_keeper_two_faults import CHAIN, CHAIN_LENGTH, leaf_writes
 from tests.support.daemon import DaemonStarter, wait_until
 from tests.support.waiting import until
 
@@ -103,3 +106,31 @@ def test_a_keeper_killed_alone_has_its_command_killed_at_once_whatever_the_polic
         tokens = (work / "tokens").read_text().split()
         assert len(tokens) == 2 and tokens[0] == tokens[1], tokens
         assert a.is_leader()
+
+
+@pytest.mark.usefixtures("seeded")
+def test_a_lost_keepers_escaped_chain_is_killed_whole_by_the_daemon(
+    daemon: DaemonStarter, tmp_path: Path
+) -> None:
+    # 200 levels, each in a session of its own with a live parent: neither the group kill nor the
+    # command's death signal reaches them, and one level per scan would outlast the stop's
+    # SIGKILL slack (0.1 s), leaving the rest running with nobody watching.
+    work = tmp_path / "work"
+    work.mkdir()
+    program = work / "chain.sh"
+    program.write_text(CHAIN)
+    prefix = work / "chain"
+    command = ("sh", str(program), str(CHAIN_LENGTH), str(prefix), "honour", sys.executable)
+    a = daemon("a", "--on-child-exit", "restart", "--", *command, ttl="10s")
+    deadline = time.monotonic() + 60
+    while len(pids_in(Path(f"{prefix}.pids"))) < CHAIN_LENGTH + 1 or not leaf_writes(Path(f"{prefix}.leaf")):
+        assert time.monotonic() < deadline, "the chain was not built in 60 s"
+        time.sleep(0.05)
+    chain = pids_in(Path(f"{prefix}.pids"))
+    (work / "leftover.pid").write_text("\n".join(map(str, chain)))  # killed by the fixture if left
+
+    os.kill(keeper_of(chain[0]), signal.SIGKILL)
+
+    wait_until(lambda: not [pid for pid in chain if running(pid)], timeout_s=20)
+    events = [line.get("event") for line in a.log_lines()]
+    assert "keeper_lost" in events and "child_tree_survived_kill" not in events, a.logs_text()[-3000:]
