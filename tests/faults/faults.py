@@ -34,7 +34,7 @@ from .harness import Cluster, Node, group_of, session_members
 TAKEOVER_KINDS = frozenset({"kill_leader", "term_leader", "pause_long", "cut_leader", "blackhole_leader",
                             "redis_restart", "sentinel_failover", "sentinel_kill_master",
                             "kill_daemon", "pause_daemon", "block_loop",
-                            "kill_keeper_pause_daemon"})  # fmt: skip
+                            "kill_keeper_pause_daemon", "kill_keeper_release"})  # fmt: skip
 #: The daemon alone is hit (its command must be stopped by its keeper), or the keeper alone.
 DAEMON_ONLY_KINDS = frozenset({"kill_daemon", "pause_daemon", "block_loop", "kill_keeper_pause_daemon",
                                "kill_keeper_restart", "kill_keeper_release"})  # fmt: skip
