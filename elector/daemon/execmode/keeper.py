@@ -5,7 +5,7 @@ runs. SIGKILL of the daemon alone (an OOM kill, systemd's KillMode=process), a S
 stalled loop would leave the command running past the lease, beside the next leader's. The
 keeper closes that gap without depending on the daemon:
 
-    daemon --(pipe: validity ends)--> keeper --(posix_spawn, same process group)--> COMMAND
+    daemon --(pipe: validity ends)--> keeper --(fork+exec, same process group)--> COMMAND
 
 * The daemon starts the keeper (in a new session, as its supervisor's child); the keeper spawns
   the command in the keeper's own process group, so the supervisor's group and session logic
@@ -21,7 +21,18 @@ keeper closes that gap without depending on the daemon:
 * CLOCK_BOOTTIME counts a suspend: a resumed machine finds the deadline passed and kills at once.
   (Waits are capped at `MAX_WAIT_S`, since select() itself sleeps on the monotonic clock.)
 * The command's tree is its process group, its session (members that moved to another group)
-  and, the keeper being a child subreaper, every process reparented to it (escaped daemons).
+  and, the keeper being a child subreaper, every process reparented to it (escaped daemons),
+  and the transitive closure of all these (descendants, and the groups and sessions they lead),
+  built from one /proc snapshot: a chain of processes that each left the session while their
+  parents live is killed in one pass, not one level per scan as its parents die.
+* The command gets PR_SET_PDEATHSIG (SIGKILL) towards the keeper, armed between fork and exec:
+  a keeper killed alone (an OOM kill) takes the command with it. The daemon then kills the rest
+  of the tree (supervisor.py: `keeper_lost`). Linux clears it when the command execs a set-user-ID
+  program; the daemon's kill covers that case.
+* It never starts the command once the validity end it was given has passed (a fresh keeper
+  given a past deadline, a parked one thawed after its order's deadline): it looks right before
+  the fork and again right before the exec, writes `DEADLINE_PASSED` (and `TREE_GONE`) on its
+  status pipe and exits with `EXIT_DEADLINE_PASSED`.
 * When the command exits by itself the keeper stops what it left behind (TERM, KILL after the
   grace) before exiting, so no leftover runs unwatched.
 * "Tree gone" (`--status-fd`): right before it exits with the tree verified empty, the keeper
