@@ -766,6 +766,7 @@ def main(argv: Sequence[str]) -> None:
         os._exit(EXIT_DEADLINE_PASSED)
     except OSError as exc:
         _log("keeper_cannot_start", command=command[0], error=exc.strerror or str(exc))
+        keeper.report(TREE_GONE)  # nothing runs: the fork that failed its exec was reaped
         os._exit(EXIT_CANNOT_START)
     exit_like(keeper.run())
 

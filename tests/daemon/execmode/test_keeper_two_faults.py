@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 import time
@@ -17,7 +18,8 @@ from pathlib import Path
 import structlog
 import structlog.testing
 
-from elector.daemon.execmode.keeper import EXIT_DEADLINE_PASSED, Schedule, boottime
+from elector.daemon.execmode.keeper import EXIT_CANNOT_START, EXIT_DEADLINE_PASSED, Schedule, boottime
+from elector.daemon.execmode.keeper_link import KeeperLink
 from elector.daemon.execmode.runner import ExecMode
 from elector.daemon.execmode.supervisor import AwaitedChildren
 from elector.daemon.settings import ExecSettings
@@ -91,6 +93,25 @@ def test_a_keeper_with_a_live_validity_end_still_starts_the_command(
     keeper = start_keeper(keepers, tmp_path, f"touch {tmp_path}/started", valid_in_s=30)
     assert keeper.process.wait(timeout=10) == 0, keeper.log_text()
     assert (tmp_path / "started").exists() and not keeper.link.deadline_passed()
+
+
+def test_a_keeper_that_cannot_exec_the_command_says_nothing_runs(tmp_path: Path) -> None:
+    # Not a lost keeper: the daemon must not kill anything, nor count it, for a command that never ran.
+    link = KeeperLink(valid_until=boottime() + 60, kill_grace_s=0.3, margin_s=0.4)
+    program = tmp_path / "not-executable"
+    program.write_text("#!/bin/sh\n")
+    try:
+        process = subprocess.Popen(
+            link.argv([str(program)]), pass_fds=link.pass_fds, start_new_session=True,
+            stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        link.spawned()
+        _, stderr = process.communicate(timeout=10)
+        assert process.returncode == EXIT_CANNOT_START, stderr
+        assert b"keeper_cannot_start" in stderr and b"Permission denied" in stderr
+        assert link.tree_gone() and not link.deadline_passed()
+    finally:
+        link.close()
 
 
 # -- a chain of escaped processes ----------------------------------------------------------------
