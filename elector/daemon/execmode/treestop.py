@@ -9,6 +9,9 @@ every process of it is gone (see supervisor.py for the guarantees).
 * Exits are seen through pidfds (`ExitWatch`) and the child's own exit, the tree looked at again
   after each; without pidfds, every `_POLL_S`. After SIGKILL the wait is bounded by
   `KILL_REAP_SLACK_S`: what is still alive then is returned (survivors).
+* With its keeper lost (`Run.keeper_lost`), nobody else follows the command's escaped chains: the
+  whole /proc table is read and the closure of the tree's descendants taken (as the keeper does),
+  so a chain whose parents live goes in one pass, within the SIGKILL slack.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class TreeStopper:
         self._log = logger
 
     async def terminate(self, run: Run) -> tuple[int, ...]:
+        """SIGTERM (unless hurried or no grace), SIGKILL after the grace; the survivors' pids."""
         if self.kill_grace_s > 0 and not run.hurry.is_set():
             grace_deadline = time.monotonic() + self.kill_grace_s
             if not await self._signal_until_gone(run, signal.SIGTERM, deadline=grace_deadline):
