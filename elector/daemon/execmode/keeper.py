@@ -446,9 +446,12 @@ class Keeper:
             pid = os.fork()
             if pid == 0:  # pragma: no cover - the command's side; it never returns
                 self._exec_command(command_env, error_w)
+        except OSError:
+            os.close(error_r)
+            raise
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        os.close(error_w)
+            os.close(error_w)
         try:
             report = b""
             while chunk := os.read(error_r, 64):
