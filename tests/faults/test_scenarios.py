@@ -19,7 +19,7 @@ from tests.support.daemon import DaemonProcess, wait_until
 
 from . import faults
 from .checker import Report, check
-from .harness import CHILD, RESOURCE_KEY, Cluster
+from .harness import CHILD, RESOURCE_KEY, Cluster, Node
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -41,6 +41,14 @@ def judge(cluster: Cluster) -> Report:
     assert report.violations == 0, report.explain()
     assert report.writes_accepted > 0, report.explain()
     return report
+
+
+def wait_for_writes(cluster: Cluster, *, not_pid: int | None = None) -> tuple[Node, int]:
+    """The leader (other than `not_pid`'s) once its child made a fenced write: a loaded machine may
+    take a second to import the child's client, and a run without writes has nothing to judge."""
+    node, pid = cluster.wait_for_leader(timeout_s=TTL_S + 8, not_pid=not_pid)
+    wait_until(lambda: wrote(node.journal, pid), timeout_s=20)
+    return node, pid
 
 
 def test_sigkill_of_the_leader_pod_is_taken_over_after_the_lease_expires(cluster: Cluster) -> None:
@@ -132,7 +140,7 @@ def test_a_leader_cut_off_from_redis_stops_its_command_before_anyone_takes_over(
 def test_the_daemon_alone_killed_frozen_or_stalled_leaves_no_command_beside_the_successor(
     cluster: Cluster, kind: str
 ) -> None:
-    time.sleep(0.5)
+    wait_for_writes(cluster)
     if kind == "kill_daemon":
         injected = faults.kill_daemon(cluster)
     elif kind == "pause_daemon":
@@ -145,6 +153,7 @@ def test_the_daemon_alone_killed_frozen_or_stalled_leaves_no_command_beside_the_
         daemon = injected.node.daemon
         wait_until(lambda: "stepped_down" in [line.get("event") for line in daemon.log_lines()], timeout_s=10)
         assert daemon.process is not None and daemon.process.poll() is None
+    wait_for_writes(cluster, not_pid=injected.child_pid)
     report = judge(cluster)
     old = next(term for term in report.terms if term.pid == injected.child_pid)
     successor = next(term for term in report.terms if term.pid == successor_pid)
@@ -162,12 +171,13 @@ def test_a_keeper_killed_alone_then_its_daemon_frozen_leaves_no_command_beside_t
     with Cluster(
         tmp_path / "run", ttl_s=TTL_S, options_of=lambda slot: ("--on-child-exit", policy)
     ) as cluster:
-        time.sleep(0.5)
+        wait_for_writes(cluster)
         injected = faults.kill_keeper(cluster, then_pause_daemon_s=2 * TTL_S)
         _, successor_pid = cluster.wait_for_leader(timeout_s=TTL_S + 8, not_pid=injected.child_pid)
         assert faults.orphans(injected) == [], "the old command's session outlived its keeper"
         daemon = injected.node.daemon
         wait_until(lambda: "keeper_lost" in [line.get("event") for line in daemon.log_lines()], timeout_s=10)
+        wait_for_writes(cluster, not_pid=injected.child_pid)
         report = judge(cluster)
     old = next(term for term in report.terms if term.pid == injected.child_pid)
     successor = next(term for term in report.terms if term.pid == successor_pid)
@@ -181,7 +191,7 @@ def test_a_keeper_killed_alone_under_restart_has_its_command_killed_at_once_and_
     with Cluster(
         tmp_path / "run", ttl_s=TTL_S, options_of=lambda slot: ("--on-child-exit", "restart")
     ) as cluster:
-        time.sleep(0.5)
+        wait_for_writes(cluster)
         injected = faults.kill_keeper(cluster)
         assert injected.kind == "kill_keeper_restart"
         node, pid = cluster.wait_for_leader(timeout_s=TTL_S + 8, not_pid=injected.child_pid)
