@@ -52,7 +52,7 @@ def wait_for_writes(cluster: Cluster, *, not_pid: int | None = None) -> tuple[No
 
 
 def test_sigkill_of_the_leader_pod_is_taken_over_after_the_lease_expires(cluster: Cluster) -> None:
-    time.sleep(0.5)
+    wait_for_writes(cluster)
     killed = faults.kill_leader(cluster)
     node, _ = cluster.wait_for_leader(timeout_s=TTL_S + 8, not_pid=killed.child_pid)
     assert node is not killed.node
@@ -68,7 +68,7 @@ def test_sigkill_of_the_leader_pod_is_taken_over_after_the_lease_expires(cluster
 
 
 def test_sigterm_of_the_leader_releases_and_the_next_term_has_a_higher_token(cluster: Cluster) -> None:
-    time.sleep(0.5)
+    wait_for_writes(cluster)
     injected, code = faults.term_leader(cluster)
     assert code == 0
     node, pid = cluster.wait_for_leader(timeout_s=TTL_S + 8, not_pid=injected.child_pid)
@@ -83,7 +83,7 @@ def test_sigterm_of_the_leader_releases_and_the_next_term_has_a_higher_token(clu
 
 
 def test_a_pause_shorter_than_the_margin_costs_no_term(cluster: Cluster) -> None:
-    time.sleep(0.5)
+    wait_for_writes(cluster)
     # A renewal due at the freeze goes out after it: within the renew deadline if the pause, the
     # renew interval and one request timeout fit in it (0.1 ttl + 0.3 ttl + 0.15 ttl < 2/3 ttl).
     paused = faults.pause_leader(cluster, seconds=0.1 * TTL_S)
@@ -105,7 +105,7 @@ def test_a_pause_shorter_than_the_margin_costs_no_term(cluster: Cluster) -> None
 
 
 def test_a_pause_longer_than_the_ttl_is_covered_by_fencing(cluster: Cluster) -> None:
-    time.sleep(0.5)
+    wait_for_writes(cluster)
     paused = faults.pause_leader(cluster, seconds=1.5 * TTL_S, child_first=True)
     old = paused.injected
     wait_until(lambda: old.child_pid in cluster.gone, timeout_s=cluster.prompt_s + 2)
@@ -125,7 +125,7 @@ def test_a_pause_longer_than_the_ttl_is_covered_by_fencing(cluster: Cluster) -> 
 def test_a_leader_cut_off_from_redis_stops_its_command_before_anyone_takes_over(
     cluster: Cluster, kind: str
 ) -> None:
-    time.sleep(0.5)
+    wait_for_writes(cluster)
     injected = faults.link_fault(cluster, kind, seconds=2 * TTL_S)
     cluster.wait_for_leader(timeout_s=TTL_S + 8, not_pid=injected.child_pid)
     report = judge(cluster)
@@ -207,7 +207,7 @@ def test_a_keeper_killed_alone_under_restart_has_its_command_killed_at_once_and_
 
 
 def test_a_slow_link_to_the_leader_never_gives_two_leaders(cluster: Cluster) -> None:
-    time.sleep(0.5)
+    wait_for_writes(cluster)
     # 0.13 s each way: a round trip just inside the request timeout (0.3 s at ttl 2 s), so some
     # renewals succeed late and, on a loaded machine, some time out.
     faults.link_fault(cluster, "slow_leader", seconds=2 * TTL_S, delay_s=0.13)
@@ -217,7 +217,7 @@ def test_a_slow_link_to_the_leader_never_gives_two_leaders(cluster: Cluster) -> 
 
 
 def test_redis_restarted_empty_keeps_tokens_increasing(cluster: Cluster) -> None:
-    time.sleep(0.5)
+    wait_for_writes(cluster)
     injected = faults.redis_restart(cluster)
     cluster.wait_for_leader(timeout_s=3 * TTL_S + 8, not_pid=injected.child_pid)
     time.sleep(0.5)
@@ -235,7 +235,7 @@ def test_redis_restarted_empty_keeps_tokens_increasing(cluster: Cluster) -> None
 
 
 def test_a_follower_cut_off_does_not_disturb_the_leader(cluster: Cluster) -> None:
-    time.sleep(0.5)
+    wait_for_writes(cluster)
     injected = faults.cut_follower(cluster, seconds=2 * TTL_S)
     time.sleep(TTL_S)
     found = cluster.leader()
