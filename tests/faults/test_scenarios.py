@@ -114,7 +114,11 @@ def test_a_pause_longer_than_the_ttl_is_covered_by_fencing(cluster: Cluster) -> 
     assert covered.older.pid == old.child_pid and covered.newer.start < paused.resumed
     stale = [w for w in covered.older.writes if w.sent >= paused.resumed]
     assert stale, "the resumed child made no write to be fenced"
-    assert all(w.accepted is False and w.highest == covered.newer.token for w in stale)
+    assert all(w.accepted is False and w.highest == covered.newer.token for w in stale), (
+        [(w.accepted, w.highest, w.sent) for w in stale],
+        covered.newer.token,
+        report.explain(),
+    )
     reasons = [
         line.get("reason") for line in old.node.daemon.log_lines() if line.get("event") == "stepped_down"
     ]
