@@ -327,6 +327,7 @@ class Daemon:
                 children=self._children,
                 # The command's keeper kills it by the lease's deadline even if this process dies.
                 keeper_margin_s=keeper_margin_s(settings.timing.stop_work_s),
+                registry=self.registry,
             )
             hooks = {
                 "on_started_leading": self.exec_mode.on_started_leading,

@@ -277,6 +277,12 @@ def _fence_violations(terms: list[Term]) -> list[str]:
     return problems
 
 
+def _restart(older: Term, newer: Term) -> bool:
+    """Whether `newer` is the same replica's command started again under the same lease
+    (`--on-child-exit restart`: the token stays) after `older` had ended."""
+    return newer.identity == older.identity and newer.token == older.token and older.end <= newer.start
+
+
 def check(directory: Path) -> Report:
     harness_path = directory / HARNESS_JOURNAL
     harness = list(_records(harness_path)) if harness_path.exists() else []
@@ -313,7 +319,7 @@ def check(directory: Path) -> Report:
     token_problems = [
         f"{b.label()} started at {b.start:.3f} after {a.label()} started at {a.start:.3f}"
         for a, b in itertools.pairwise(terms)
-        if b.token <= a.token
+        if b.token < a.token or (b.token == a.token and not _restart(a, b))
     ]
 
     window_end = (

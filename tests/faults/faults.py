@@ -10,6 +10,9 @@ under its keeper, in the keeper's group), as a container runtime or a frozen VM 
 daemon-only faults (`kill_daemon`, `pause_daemon`, `block_loop`) hit the daemon alone, as an OOM
 kill, systemd's KillMode=process or a stalled event loop would: the keeper must then stop the
 command before the lease can expire, leaving no orphan (`session` is recorded to check that).
+The keeper faults (`kill_keeper`) SIGKILL the keeper alone, as an OOM kill would, and may freeze
+the daemon right after: then nothing of elector runs that could stop the command but the death
+signal the keeper gave it, and the daemon's kill of the tree once it runs again.
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ from .harness import Cluster, Node, group_of, session_members
 #: Kinds that take the leader away: the checker measures a takeover after each.
 TAKEOVER_KINDS = frozenset({"kill_leader", "term_leader", "pause_long", "cut_leader", "blackhole_leader",
                             "redis_restart", "sentinel_failover", "sentinel_kill_master",
-                            "kill_daemon", "pause_daemon", "block_loop"})  # fmt: skip
-#: The daemon alone is hit; its command must be stopped by its keeper.
-DAEMON_ONLY_KINDS = frozenset({"kill_daemon", "pause_daemon", "block_loop"})
+                            "kill_daemon", "pause_daemon", "block_loop",
+                            "kill_keeper_pause_daemon", "kill_keeper_release"})  # fmt: skip
+#: The daemon alone is hit (its command must be stopped by its keeper), or the keeper alone.
+DAEMON_ONLY_KINDS = frozenset({"kill_daemon", "pause_daemon", "block_loop", "kill_keeper_pause_daemon",
+                               "kill_keeper_restart", "kill_keeper_release"})  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +107,27 @@ def block_loop(cluster: Cluster) -> Injected:
     node, child = _leader(cluster)
     injected = _record(cluster, "block_loop", excuse_ttls=1.0, node=node, child_pid=child)
     os.kill(node.pid, signal.SIGUSR2)
+    return injected
+
+
+def kill_keeper(cluster: Cluster, *, then_pause_daemon_s: float | None = None) -> Injected:
+    """SIGKILL the leader's keeper ALONE (an OOM kill); with `then_pause_daemon_s`, SIGSTOP the
+    daemon right after it for that long (> ttl), then SIGCONT it.
+
+    The kind says what was hit: `kill_keeper_pause_daemon`, or `kill_keeper_restart` /
+    `kill_keeper_release` after the leader's `--on-child-exit` policy (see `Node.policy`)."""
+    node, child = _leader(cluster)
+    paused = then_pause_daemon_s is not None
+    kind = "kill_keeper_pause_daemon" if paused else f"kill_keeper_{node.policy}"
+    injected = _record(cluster, kind, excuse_ttls=1.0, node=node, child_pid=child)
+    keeper = group_of(child)  # the command runs in its keeper's group
+    if keeper is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(keeper, signal.SIGKILL)
+    if then_pause_daemon_s is not None:
+        os.kill(node.pid, signal.SIGSTOP)
+        time.sleep(then_pause_daemon_s)
+        os.kill(node.pid, signal.SIGCONT)
     return injected
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -127,6 +128,12 @@ class Node:
     ) -> None:
         self.slot = slot
         self.identity = f"n{slot}-{generation}"
+        options = (*cluster.options_of(slot), *options)
+        #: Its `--on-child-exit` policy (the last one given wins, as on the command line).
+        self.policy = "release"
+        for flag, value in itertools.pairwise(options):
+            if flag == "--on-child-exit":
+                self.policy = value
         self.journal = cluster.directory / f"child-{self.identity}.jsonl"
         # Through a proxy of its own to the lock Redis; with Sentinel straight to the sentinels.
         self.proxy: TcpProxy | None = None
@@ -168,9 +175,17 @@ class Cluster:
     """Lock Redis + resource Redis + `size` daemons; the watcher journals every child's death."""
 
     def __init__(
-        self, directory: Path, *, ttl_s: float = 2.0, size: int = 3, sentinel: SentinelSet | None = None
+        self,
+        directory: Path,
+        *,
+        ttl_s: float = 2.0,
+        size: int = 3,
+        sentinel: SentinelSet | None = None,
+        options_of: Callable[[int], tuple[str, ...]] = lambda slot: (),
     ) -> None:
+        """`options_of(slot)`: `elector run` options of every node in that slot (1..size)."""
         self.directory = directory
+        self.options_of = options_of
         self.logs = directory / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.ttl_s = ttl_s

@@ -119,6 +119,20 @@ def test_tokens_must_strictly_increase_in_the_order_of_the_terms(journals: Journ
     assert report.overlaps == []
 
 
+def test_a_restart_under_the_same_lease_keeps_its_token_but_only_after_the_old_command_ended(
+    journals: Journals, tmp_path: Path
+) -> None:
+    # `--on-child-exit restart`: the same replica starts its command again, same token.
+    journals.term("a", 100, 7, 0.0, 2.0)
+    journals.term("a", 101, 7, 3.0, 4.0)
+    assert check(tmp_path).violations == 0, check(tmp_path).explain()
+    # ...never beside the old one, nor on another replica.
+    journals.term("a", 102, 7, 3.5, 4.5)
+    journals.term("b", 200, 7, 5.0, 6.0)
+    report = check(tmp_path)
+    assert len(report.token_violations) == 2 and len(report.overlaps) == 1, report.explain()
+
+
 def test_a_stale_token_accepted_after_a_higher_one_is_a_fence_violation(
     journals: Journals, tmp_path: Path
 ) -> None:

@@ -47,6 +47,8 @@ WEIGHTS = {
     "kill_daemon": 2,
     "pause_daemon": 2,
     "block_loop": 2,
+    "kill_keeper": 2,
+    "kill_keeper_pause_daemon": 2,
 }
 
 #: With Sentinel the daemons talk to the sentinels directly: no proxy, so no link faults.
@@ -60,7 +62,15 @@ SENTINEL_WEIGHTS = {
     "kill_daemon": 1,
     "pause_daemon": 1,
     "block_loop": 1,
+    "kill_keeper": 1,
+    "kill_keeper_pause_daemon": 1,
 }
+
+
+def node_options(slot: int) -> tuple[str, ...]:
+    """Two replicas of three restart their command when it exits (`kill_keeper` is then
+    `kill_keeper_restart`: the daemon keeps leading), the third releases."""
+    return ("--on-child-exit", "restart") if slot < 3 else ()
 
 
 def inject(cluster: Cluster, kind: str, rng: random.Random) -> faults.Injected | None:
@@ -72,6 +82,10 @@ def inject(cluster: Cluster, kind: str, rng: random.Random) -> faults.Injected |
         return faults.pause_daemon(cluster, seconds=rng.uniform(1.2, 2.0) * ttl)
     if kind == "block_loop":
         return faults.block_loop(cluster)
+    if kind == "kill_keeper":  # recorded as kill_keeper_restart or _release, after the leader's policy
+        return faults.kill_keeper(cluster)
+    if kind == "kill_keeper_pause_daemon":
+        return faults.kill_keeper(cluster, then_pause_daemon_s=rng.uniform(1.2, 2.0) * ttl)
     if kind == "kill_leader":
         faults.kill_leader(cluster)
     elif kind == "term_leader":
@@ -108,7 +122,9 @@ def test_random_mix_of_faults_never_gives_two_leaders(
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         sentinel = stack.enter_context(SentinelSet(replicas=2)) if backend == "sentinel" else None
-        cluster = stack.enter_context(Cluster(directory, ttl_s=profile.ttl_s, sentinel=sentinel))
+        cluster = stack.enter_context(
+            Cluster(directory, ttl_s=profile.ttl_s, sentinel=sentinel, options_of=node_options)
+        )
         deadline = time.monotonic() + mix_s
         orphans: list[tuple[str, list[int]]] = []
         while time.monotonic() < deadline:

@@ -19,7 +19,7 @@ from tests.support.daemon import DaemonProcess, wait_until
 
 from . import faults
 from .checker import Report, check
-from .harness import CHILD, RESOURCE_KEY, Cluster
+from .harness import CHILD, RESOURCE_KEY, Cluster, Node
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -43,8 +43,16 @@ def judge(cluster: Cluster) -> Report:
     return report
 
 
+def wait_for_writes(cluster: Cluster, *, not_pid: int | None = None) -> tuple[Node, int]:
+    """The leader (other than `not_pid`'s) once its child made a fenced write: a loaded machine may
+    take a second to import the child's client, and a run without writes has nothing to judge."""
+    node, pid = cluster.wait_for_leader(timeout_s=TTL_S + 8, not_pid=not_pid)
+    wait_until(lambda: wrote(node.journal, pid), timeout_s=20)
+    return node, pid
+
+
 def test_sigkill_of_the_leader_pod_is_taken_over_after_the_lease_expires(cluster: Cluster) -> None:
-    time.sleep(0.5)
+    wait_for_writes(cluster)
     killed = faults.kill_leader(cluster)
     node, _ = cluster.wait_for_leader(timeout_s=TTL_S + 8, not_pid=killed.child_pid)
     assert node is not killed.node
@@ -60,7 +68,7 @@ def test_sigkill_of_the_leader_pod_is_taken_over_after_the_lease_expires(cluster
 
 
 def test_sigterm_of_the_leader_releases_and_the_next_term_has_a_higher_token(cluster: Cluster) -> None:
-    time.sleep(0.5)
+    wait_for_writes(cluster)
     injected, code = faults.term_leader(cluster)
     assert code == 0
     node, pid = cluster.wait_for_leader(timeout_s=TTL_S + 8, not_pid=injected.child_pid)
@@ -75,7 +83,7 @@ def test_sigterm_of_the_leader_releases_and_the_next_term_has_a_higher_token(clu
 
 
 def test_a_pause_shorter_than_the_margin_costs_no_term(cluster: Cluster) -> None:
-    time.sleep(0.5)
+    wait_for_writes(cluster)
     # A renewal due at the freeze goes out after it: within the renew deadline if the pause, the
     # renew interval and one request timeout fit in it (0.1 ttl + 0.3 ttl + 0.15 ttl < 2/3 ttl).
     paused = faults.pause_leader(cluster, seconds=0.1 * TTL_S)
@@ -97,7 +105,7 @@ def test_a_pause_shorter_than_the_margin_costs_no_term(cluster: Cluster) -> None
 
 
 def test_a_pause_longer_than_the_ttl_is_covered_by_fencing(cluster: Cluster) -> None:
-    time.sleep(0.5)
+    wait_for_writes(cluster)
     paused = faults.pause_leader(cluster, seconds=1.5 * TTL_S, child_first=True)
     old = paused.injected
     wait_until(lambda: old.child_pid in cluster.gone, timeout_s=cluster.prompt_s + 2)
@@ -106,7 +114,11 @@ def test_a_pause_longer_than_the_ttl_is_covered_by_fencing(cluster: Cluster) -> 
     assert covered.older.pid == old.child_pid and covered.newer.start < paused.resumed
     stale = [w for w in covered.older.writes if w.sent >= paused.resumed]
     assert stale, "the resumed child made no write to be fenced"
-    assert all(w.accepted is False and w.highest == covered.newer.token for w in stale)
+    assert all(w.accepted is False and w.highest == covered.newer.token for w in stale), (
+        [(w.accepted, w.highest, w.sent) for w in stale],
+        covered.newer.token,
+        report.explain(),
+    )
     reasons = [
         line.get("reason") for line in old.node.daemon.log_lines() if line.get("event") == "stepped_down"
     ]
@@ -117,7 +129,7 @@ def test_a_pause_longer_than_the_ttl_is_covered_by_fencing(cluster: Cluster) -> 
 def test_a_leader_cut_off_from_redis_stops_its_command_before_anyone_takes_over(
     cluster: Cluster, kind: str
 ) -> None:
-    time.sleep(0.5)
+    wait_for_writes(cluster)
     injected = faults.link_fault(cluster, kind, seconds=2 * TTL_S)
     cluster.wait_for_leader(timeout_s=TTL_S + 8, not_pid=injected.child_pid)
     report = judge(cluster)
@@ -132,7 +144,7 @@ def test_a_leader_cut_off_from_redis_stops_its_command_before_anyone_takes_over(
 def test_the_daemon_alone_killed_frozen_or_stalled_leaves_no_command_beside_the_successor(
     cluster: Cluster, kind: str
 ) -> None:
-    time.sleep(0.5)
+    wait_for_writes(cluster)
     if kind == "kill_daemon":
         injected = faults.kill_daemon(cluster)
     elif kind == "pause_daemon":
@@ -145,6 +157,7 @@ def test_the_daemon_alone_killed_frozen_or_stalled_leaves_no_command_beside_the_
         daemon = injected.node.daemon
         wait_until(lambda: "stepped_down" in [line.get("event") for line in daemon.log_lines()], timeout_s=10)
         assert daemon.process is not None and daemon.process.poll() is None
+    wait_for_writes(cluster, not_pid=injected.child_pid)
     report = judge(cluster)
     old = next(term for term in report.terms if term.pid == injected.child_pid)
     successor = next(term for term in report.terms if term.pid == successor_pid)
@@ -153,8 +166,52 @@ def test_the_daemon_alone_killed_frozen_or_stalled_leaves_no_command_beside_the_
     assert report.covered_overlaps == []
 
 
+@pytest.mark.parametrize("policy", ["release", "restart"])
+def test_a_keeper_killed_alone_then_its_daemon_frozen_leaves_no_command_beside_the_successor(
+    tmp_path: Path, policy: str
+) -> None:
+    # Two faults: nothing of elector can act after the first but the command's death signal
+    # (PR_SET_PDEATHSIG towards its keeper); before, the command ran on beside the successor.
+    with Cluster(
+        tmp_path / "run", ttl_s=TTL_S, options_of=lambda slot: ("--on-child-exit", policy)
+    ) as cluster:
+        wait_for_writes(cluster)
+        injected = faults.kill_keeper(cluster, then_pause_daemon_s=2 * TTL_S)
+        _, successor_pid = cluster.wait_for_leader(timeout_s=TTL_S + 8, not_pid=injected.child_pid)
+        assert faults.orphans(injected) == [], "the old command's session outlived its keeper"
+        daemon = injected.node.daemon
+        wait_until(lambda: "keeper_lost" in [line.get("event") for line in daemon.log_lines()], timeout_s=10)
+        wait_for_writes(cluster, not_pid=injected.child_pid)
+        report = judge(cluster)
+    old = next(term for term in report.terms if term.pid == injected.child_pid)
+    successor = next(term for term in report.terms if term.pid == successor_pid)
+    assert old.end < successor.start, report.explain()
+    assert report.covered_overlaps == []
+
+
+def test_a_keeper_killed_alone_under_restart_has_its_command_killed_at_once_and_started_again(
+    tmp_path: Path,
+) -> None:
+    with Cluster(
+        tmp_path / "run", ttl_s=TTL_S, options_of=lambda slot: ("--on-child-exit", "restart")
+    ) as cluster:
+        wait_for_writes(cluster)
+        injected = faults.kill_keeper(cluster)
+        assert injected.kind == "kill_keeper_restart"
+        node, pid = cluster.wait_for_leader(timeout_s=TTL_S + 8, not_pid=injected.child_pid)
+        assert node is injected.node, "the daemon keeps leading and restarts its command"
+        assert faults.orphans(injected) == []
+        wait_until(lambda: wrote(node.journal, pid), timeout_s=10)
+        report = judge(cluster)
+    old = next(term for term in report.terms if term.pid == injected.child_pid)
+    restarted = next(term for term in report.terms if term.pid == pid)
+    # Killed at once (no SIGTERM, so no end record of its own), not after the restart's back-off.
+    assert old.end_source == "gone", report.explain()
+    assert restarted.token == old.token and old.end < restarted.start, report.explain()
+
+
 def test_a_slow_link_to_the_leader_never_gives_two_leaders(cluster: Cluster) -> None:
-    time.sleep(0.5)
+    wait_for_writes(cluster)
     # 0.13 s each way: a round trip just inside the request timeout (0.3 s at ttl 2 s), so some
     # renewals succeed late and, on a loaded machine, some time out.
     faults.link_fault(cluster, "slow_leader", seconds=2 * TTL_S, delay_s=0.13)
@@ -164,7 +221,7 @@ def test_a_slow_link_to_the_leader_never_gives_two_leaders(cluster: Cluster) -> 
 
 
 def test_redis_restarted_empty_keeps_tokens_increasing(cluster: Cluster) -> None:
-    time.sleep(0.5)
+    wait_for_writes(cluster)
     injected = faults.redis_restart(cluster)
     cluster.wait_for_leader(timeout_s=3 * TTL_S + 8, not_pid=injected.child_pid)
     time.sleep(0.5)
@@ -182,7 +239,7 @@ def test_redis_restarted_empty_keeps_tokens_increasing(cluster: Cluster) -> None
 
 
 def test_a_follower_cut_off_does_not_disturb_the_leader(cluster: Cluster) -> None:
-    time.sleep(0.5)
+    wait_for_writes(cluster)
     injected = faults.cut_follower(cluster, seconds=2 * TTL_S)
     time.sleep(TTL_S)
     found = cluster.leader()

@@ -36,6 +36,10 @@ class ChildExit:
     runtime_s: float
     #: Pids of the tree still alive when `stop()` gave up; empty when everything is gone.
     survivors: tuple[int, ...] = ()
+    #: The keeper exited without reporting its tree gone (killed alone): the tree was killed at once.
+    keeper_lost: bool = False
+    #: The keeper refused to start the command: the lease's validity end had passed (nothing ran).
+    deadline_passed: bool = False
 
 
 def child_exit(pid: int, returncode: int | None, *, stopped_by_us: bool, runtime_s: float) -> ChildExit:
@@ -62,6 +66,10 @@ class Run:
     watcher: asyncio.Task[None] | None = None
     ended_at: float | None = None
     stopping: bool = False
+    #: The stop was begun by the supervisor itself (a lost keeper): its result waits for stop().
+    report_later: bool = False
+    #: The keeper exited without reporting its tree gone: the stop must find all of it alone.
+    keeper_lost: bool = False
     natural_exit: ChildExit | None = None
     #: The child's exit code as stop() read it through its pidfd, before asyncio reported it.
     seen_returncode: int | None = None

@@ -5,7 +5,7 @@ runs. SIGKILL of the daemon alone (an OOM kill, systemd's KillMode=process), a S
 stalled loop would leave the command running past the lease, beside the next leader's. The
 keeper closes that gap without depending on the daemon:
 
-    daemon --(pipe: validity ends)--> keeper --(posix_spawn, same process group)--> COMMAND
+    daemon --(pipe: validity ends)--> keeper --(fork+exec, same process group)--> COMMAND
 
 * The daemon starts the keeper (in a new session, as its supervisor's child); the keeper spawns
   the command in the keeper's own process group, so the supervisor's group and session logic
@@ -21,7 +21,18 @@ keeper closes that gap without depending on the daemon:
 * CLOCK_BOOTTIME counts a suspend: a resumed machine finds the deadline passed and kills at once.
   (Waits are capped at `MAX_WAIT_S`, since select() itself sleeps on the monotonic clock.)
 * The command's tree is its process group, its session (members that moved to another group)
-  and, the keeper being a child subreaper, every process reparented to it (escaped daemons).
+  and, the keeper being a child subreaper, every process reparented to it (escaped daemons),
+  and the transitive closure of all these (descendants, and the groups and sessions they lead),
+  built from one /proc snapshot: a chain of processes that each left the session while their
+  parents live is killed in one pass, not one level per scan as its parents die.
+* The command gets PR_SET_PDEATHSIG (SIGKILL) towards the keeper, armed between fork and exec:
+  a keeper killed alone (an OOM kill) takes the command with it. The daemon then kills the rest
+  of the tree (supervisor.py: `keeper_lost`). Linux clears it when the command execs a set-user-ID
+  program; the daemon's kill covers that case.
+* It never starts the command once the validity end it was given has passed (a fresh keeper
+  given a past deadline, a parked one thawed after its order's deadline): it looks right before
+  the fork and again right before the exec, writes `DEADLINE_PASSED` (and `TREE_GONE`) on its
+  status pipe and exits with `EXIT_DEADLINE_PASSED`.
 * When the command exits by itself the keeper stops what it left behind (TERM, KILL after the
   grace) before exiting, so no leftover runs unwatched.
 * "Tree gone" (`--status-fd`): right before it exits with the tree verified empty, the keeper
@@ -108,6 +119,18 @@ MAX_START_ENV = 16 * 1024 * 1024
 PARKED_WAIT_S = 30.0
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
 EXIT_CANNOT_START = 127
+#: The keeper's exit when the validity end it was given had passed before the command could start
+#: (a fresh keeper given a past deadline; a parked one thawed after its order's): nothing ran.
+EXIT_DEADLINE_PASSED = 124
+#: Written on the status pipe (before TREE_GONE) when the keeper refused to start the command.
+DEADLINE_PASSED = b"late\n"
+#: The signal the kernel sends the command when the keeper (its parent) dies: nothing watches the
+#: command any more, so it goes at once (the daemon kills the rest of the tree, see supervisor.py).
+COMMAND_DEATH_SIGNAL = signal.SIGKILL
+
+
+class DeadlinePassed(Exception):
+    """The lease's validity end passed before the command was started: it must not start."""
 
 
 class Schedule:
@@ -276,22 +299,38 @@ def _stat(pid: int) -> tuple[str, int, int, int] | None:
 
 
 def tree_of(me: int) -> list[tuple[int, int]]:
-    """(pid, pgid) of the live processes of the command's tree: our group, our session, and our
-    children (reparented to us, the subreaper, when they escaped both)."""
+    """(pid, pgid) of the live processes of the command's tree, from one /proc snapshot: our
+    group, our session, our children (reparented to us, the subreaper, when they escaped both),
+    and the transitive closure of these: every descendant of a member, and every member of a
+    group or session a member leads. So a chain of processes that each left the session while
+    its parent lives is found whole, not one level per scan as its parents die."""
     try:
         names = os.listdir("/proc")
     except OSError:
         return []
-    found = []
+    table: dict[int, tuple[str, int, int, int]] = {}
     for name in names:
-        if not name.isdigit() or int(name) == me:
-            continue
-        info = _stat(int(name))
-        if info is None or info[0] in ("Z", "X", "x"):
-            continue
-        if me in (info[1], info[2], info[3]):
-            found.append((int(name), info[2]))
-    return found
+        if name.isdigit() and int(name) != me:
+            info = _stat(int(name))
+            if info is not None:
+                table[int(name)] = info
+    # Who is reachable from a member: its children, and the members of the group and session it
+    # leads (a group's or session's id is its leader's pid). Zombies too: a dead group leader's
+    # group may still have live members.
+    related: dict[int, list[int]] = {}
+    members = []
+    for pid, (_, ppid, pgid, sid) in table.items():
+        for key in {ppid, pgid, sid}:
+            related.setdefault(key, []).append(pid)
+        if me in (ppid, pgid, sid):
+            members.append(pid)
+    found = set(members)
+    while members:
+        for pid in related.get(members.pop(), ()):
+            if pid not in found:
+                found.add(pid)
+                members.append(pid)
+    return [(pid, table[pid][2]) for pid in found if table[pid][0] not in ("Z", "X", "x")]
 
 
 def _send(pid: int, sig: int) -> None:
@@ -299,15 +338,22 @@ def _send(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
+#: The C library, loaded once (a list, filled on first use).
+_LIBC: list[object] = []
+
+
 def _prctl(option: int, value: int) -> bool:
+    """prctl(2) through ctypes; False where it is missing or refused. The C library is loaded
+    once, in the keeper, so that the command's side of a fork only calls it."""
     if not sys.platform.startswith("linux"):
         return False
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
+        if not _LIBC:
+            _LIBC.append(ctypes.CDLL(None, use_errno=True))
         args = (ctypes.c_ulong(value), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
-        return bool(libc.prctl(option, *args) == 0)
+        return bool(_LIBC[0].prctl(option, *args) == 0)  # type: ignore[attr-defined]
     except (OSError, AttributeError):
         return False
 
@@ -341,6 +387,7 @@ class Keeper:
         self._term_seen = False
         self._parent_gone = False
         self._group_termed = False
+        self._termed: set[int] = set()
         self._killed = False
         self._reader = LineReader()
         self._wake_r, self._wake_w = os.pipe()
@@ -382,26 +429,71 @@ class Keeper:
             self._parent_gone = True  # it died before the death signal was armed
 
     def spawn(self, env: Mapping[str, str] | None = None) -> None:
-        """Start the command with `env` (ours by default) in our process group."""
-        if env is not None and env.get("PATH") != os.environ.get("PATH"):
-            # posix_spawnp searches the caller's PATH, not the new environment's: use the command's.
-            if "PATH" in env:
-                os.environ["PATH"] = env["PATH"]
-            else:
-                os.environ.pop("PATH", None)
-        # Python itself ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across
-        # exec: reset them as subprocess does, or `yes | head` in the command would spin on EPIPE.
-        defaults = [
-            signal.SIGTERM, PARENT_DEATH_SIGNAL, signal.SIGCHLD, signal.SIGINT, signal.SIGHUP,
-            signal.SIGPIPE, signal.SIGXFSZ,
-        ]  # fmt: skip
-        self.child_pid = os.posix_spawnp(
-            self.command[0],
-            self.command,
-            os.environ if env is None else env,
-            setsigdef=defaults,
-            setsigmask=(),
-        )
+        """Start the command with `env` (ours by default) in our process group; DeadlinePassed,
+        starting nothing, once the validity end has passed; OSError if it cannot be executed.
+
+        fork and exec rather than posix_spawn, for what must happen in between: the command's
+        PR_SET_PDEATHSIG towards us (our death, an OOM kill, kills it at once) and a last look
+        at the clock right before the exec (a keeper frozen between the two looks at it here)."""
+        if boottime() >= self.schedule.valid_until:
+            raise DeadlinePassed
+        command_env = os.environ if env is None else env
+        error_r, error_w = os.pipe()  # close-on-exec: EOF means the exec went through
+        # All signals blocked across the fork: the command's side resets them to their defaults
+        # first, so that a SIGTERM sent to the group meanwhile is not lost in our handler.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        try:
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the command's side; it never returns
+                self._exec_command(command_env, error_w)
+        except OSError:
+            os.close(error_r)
+            raise
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            os.close(error_w)
+        try:
+            report = b""
+            while chunk := os.read(error_r, 64):
+                report += chunk
+        finally:
+            os.close(error_r)
+        if not report:
+            self.child_pid = pid
+            return
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        if report == DEADLINE_PASSED:
+            raise DeadlinePassed
+        code = int(report) if report.isdigit() else errno.EINVAL
+        raise OSError(code, os.strerror(code))
+
+    def _exec_command(self, env: Mapping[str, str], error_w: int) -> None:  # pragma: no cover - forked
+        """The command's side of the fork: signals back to their defaults, the death signal
+        towards us, the deadline looked at once more, then exec; never returns."""
+        try:
+            # Python itself ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across
+            # exec: reset them as subprocess does, or `yes | head` in the command would spin on EPIPE.
+            signal.set_wakeup_fd(-1)
+            for sig in (signal.SIGTERM, PARENT_DEATH_SIGNAL, signal.SIGCHLD, signal.SIGINT, signal.SIGHUP,
+                        signal.SIGPIPE, signal.SIGXFSZ):  # fmt: skip
+                signal.signal(sig, signal.SIG_DFL)
+            # Fires when we die (we are single-threaded: our only thread is the one that forked).
+            # Cleared by the exec of a set-user-ID program: the daemon's kill covers that case.
+            if _prctl(_PR_SET_PDEATHSIG, COMMAND_DEATH_SIGNAL) and os.getppid() != self.me:
+                os._exit(EXIT_CANNOT_START)  # we died before it was armed: run nothing
+            if boottime() >= self.schedule.valid_until:
+                os.write(error_w, DEADLINE_PASSED)
+                os._exit(EXIT_DEADLINE_PASSED)
+            signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            os.execvpe(self.command[0], self.command, env)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.write(error_w, b"%d" % (exc.errno or errno.EINVAL))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.write(error_w, b"%d" % errno.EINVAL)
+        os._exit(EXIT_CANNOT_START)
 
     def park(self) -> dict[str, str] | None:
         """Parked: wait for the start order, then take its validity end as the schedule's; the
@@ -507,9 +599,13 @@ class Keeper:
 
     def _report_gone(self) -> None:
         """Tell the daemon the tree is gone; nothing runs after this but our own exit."""
+        self.report(TREE_GONE)
+
+    def report(self, status: bytes) -> None:
+        """Write `status` on the status pipe (if any): right before our exit."""
         if self.status_fd is not None:
             with contextlib.suppress(OSError):
-                os.write(self.status_fd, TREE_GONE)
+                os.write(self.status_fd, status)
 
     def _stop_reason(self) -> str:
         if self._parent_gone:
@@ -539,9 +635,12 @@ class Keeper:
             self._group_termed = True
             if not self._term_seen:  # the supervisor's TERM already reached the whole group
                 _send(-self.me, signal.SIGTERM)  # killpg: atomic for the group; we ignore it
-            for pid, group in tree:
-                if group != self.me:  # moved to another group, or escaped: reached one by one
-                    _send(pid, signal.SIGTERM)
+        for pid, group in tree:
+            # Moved to another group, or escaped: reached one by one, each once (also those
+            # forked or found since the last look).
+            if group != self.me and pid not in self._termed:
+                self._termed.add(pid)
+                _send(pid, signal.SIGTERM)
 
     def _reap(self) -> None:
         while True:
@@ -659,8 +758,18 @@ def main(argv: Sequence[str]) -> None:
             if env is None:
                 os._exit(0)  # parked and never ordered to start: nothing ran, nothing to report
         keeper.spawn(env)
+    except DeadlinePassed:
+        _log(
+            "keeper_deadline_passed",
+            valid_until=keeper.schedule.valid_until,
+            late_s=round(boottime() - keeper.schedule.valid_until, 3),
+            detail="the command was not started",
+        )
+        keeper.report(DEADLINE_PASSED + TREE_GONE)
+        os._exit(EXIT_DEADLINE_PASSED)
     except OSError as exc:
         _log("keeper_cannot_start", command=command[0], error=exc.strerror or str(exc))
+        keeper.report(TREE_GONE)  # nothing runs: the fork that failed its exec was reaped
         os._exit(EXIT_CANNOT_START)
     exit_like(keeper.run())
 

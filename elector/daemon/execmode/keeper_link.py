@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from elector.daemon.execmode import keeper as _keeper
-from elector.daemon.execmode.keeper import TREE_GONE, Schedule, encode_start
+from elector.daemon.execmode.keeper import DEADLINE_PASSED, TREE_GONE, Schedule, encode_start
 
 #: Loads keeper.py in a bare interpreter (-I: no environment, -S: no site-packages) through the
 #: import system, so that its cached bytecode is used, under a name of its own (not `elector`).
@@ -77,6 +77,15 @@ class KeeperLink:
     def tree_gone(self) -> bool:
         """Whether the keeper reported that its command's whole tree is gone (it writes that
         right before it exits, so nothing of the tree can run any more). Never blocks."""
+        self._read_status()
+        return TREE_GONE in self._status
+
+    def deadline_passed(self) -> bool:
+        """Whether the keeper refused to start the command: its validity end had passed."""
+        self._read_status()
+        return DEADLINE_PASSED in self._status
+
+    def _read_status(self) -> None:
         while TREE_GONE not in self._status and self._status_fd >= 0 and len(self._status) < 64:
             try:
                 data = os.read(self._status_fd, 64)
@@ -87,7 +96,6 @@ class KeeperLink:
             if not data:
                 break
             self._status += data
-        return TREE_GONE in self._status
 
     def argv(self, command: Sequence[str]) -> list[str]:
         timing = ["--parked"] if self.valid_until is None else ["--valid-until", repr(self.valid_until)]
@@ -145,7 +153,7 @@ class KeeperLink:
 
     def close(self) -> None:
         """Close our ends; `tree_gone()` keeps what it read (the stop asks after the close)."""
-        self.tree_gone()
+        self._read_status()
         self.spawned()
         if self._write_fd >= 0:
             os.close(self._write_fd)

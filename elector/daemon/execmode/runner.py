@@ -23,6 +23,11 @@ the path from a step-down to its release. Not after a shutdown's step-down. Othe
   spawns the command for a lease that is no longer current.
 * When the command could not be stopped (processes survived SIGKILL), `on_stopped_leading`
   raises `CommandNotStopped`: the election then withholds the release and lets the lease lapse.
+* A keeper that dies without reporting its tree gone (SIGKILLed alone, an OOM kill) has its
+  command's tree killed at once by the supervisor, whatever the policy; it is logged
+  (`keeper_lost`) and counted (`elector_keeper_lost_total`) before the policy applies.
+* A keeper that got its validity end too late (frozen while parked, or the daemon slow) starts
+  nothing and exits with `EXIT_DEADLINE_PASSED`: logged as `command_not_started`.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import structlog
+from prometheus_client import CollectorRegistry, Counter
 
 from elector.backoff import Backoff
 from elector.daemon.execmode.keeper_link import KeeperLink
@@ -119,10 +125,22 @@ class ExecMode:
         children: AwaitedChildren,
         keeper_margin_s: float | None,
         park_keeper: bool = True,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         """`keeper_margin_s`: see `keeper_margin_s()`; None runs the command without a keeper
         (then nothing stops it if this process dies or stalls). `park_keeper`: keep a keeper
-        parked while not leading (a bare interpreter's memory, for a faster takeover)."""
+        parked while not leading (a bare interpreter's memory, for a faster takeover).
+        `registry`: where `elector_keeper_lost_total` is registered (none: not counted)."""
+        self._keepers_lost = (
+            None
+            if registry is None
+            else Counter(
+                "elector_keeper_lost",
+                "Keepers that exited without reporting their command's tree gone (killed alone, "
+                "an OOM kill); the daemon killed the command's tree at once",
+                registry=registry,
+            )
+        )
         self._settings = settings
         self._keeper_margin_s = keeper_margin_s
         self._park_keeper = park_keeper and keeper_margin_s is not None
@@ -137,6 +155,7 @@ class ExecMode:
             on_exit=self._child_exited,
             children=children,
             logger=log,
+            on_keeper_lost=self._keeper_lost,
         )
         self._election: LeaderElection | None = None
         self._lease: Lease | None = None
@@ -277,14 +296,29 @@ class ExecMode:
             margin_s=self._keeper_margin_s,
         )
 
+    def _keeper_lost(self) -> None:
+        if self._keepers_lost is not None:
+            self._keepers_lost.inc()
+
     def _child_exited(self, child_exit: ChildExit) -> None:
         code = exit_code_of(child_exit)
+        if child_exit.deadline_passed:
+            self._log.warning(
+                "command_not_started",
+                reason="deadline_passed",
+                detail="the keeper got the lease's validity end after it had passed",
+                exit_code=code,
+                on_child_exit=self._settings.on_child_exit.value,
+            )
+            self._after_exit(code, runtime_s=child_exit.runtime_s)
+            return
         self._log.warning(
             "command_exited",
             pid=child_exit.pid,
             exit_code=code,
             runtime_s=round(child_exit.runtime_s, 3),
             on_child_exit=self._settings.on_child_exit.value,
+            keeper_lost=child_exit.keeper_lost or None,
         )
         self._after_exit(code, runtime_s=child_exit.runtime_s)
 

@@ -26,8 +26,12 @@ So stopping is about the whole process tree, not the one pid we started:
 * `park()` starts a keeper ahead of time, while idle; the next `start()` with a keeper sends it
   the start order instead of starting an interpreter (see keeper.py), saving that much of a
   handoff. A parked keeper that is gone or cannot take the order is replaced by a fresh one.
-* Stopping does not poll: exits are seen through pidfds (`ExitWatch`) and the child's own exit,
-  and the tree is looked at again after each; without pidfds, every `_POLL_S`.
+* Stopping does not poll: exits are seen through pidfds and the child's own exit, and the tree
+  is looked at again after each (treestop.py).
+* A keeper that exits without reporting its tree gone (SIGKILLed alone, an OOM kill) leaves the
+  command unwatched: its tree is killed at once (SIGKILL, no grace), whatever the caller's policy
+  (`keeper_lost` in the logs, `on_keeper_lost`), before `on_exit` hears of it. The command gets
+  PR_SET_PDEATHSIG towards its keeper too, so it is usually dead already.
 
 Reaping: asyncio waits for the child by pid (a thread per child in Python 3.11), so nothing here
 ever calls `waitpid(-1)`, which would steal the child's exit status. Orphans reparented to us are
@@ -68,19 +72,16 @@ from elector.daemon.execmode.child import (
 )
 from elector.daemon.execmode.keeper_link import KeeperLink
 from elector.daemon.execmode.proctree import (
-    HAVE_PROC,
     AwaitedChildren,
-    ExitWatch,
-    Proc,
     SupervisorLogger,
     all_procs,
     become_subreaper,
     default_logger,
     read_proc,
-    reap,
     send_signal,
 )
 from elector.daemon.execmode.reaper import OrphanReaper
+from elector.daemon.execmode.treestop import TreeStopper
 
 __all__ = [
     "KILL_REAP_SLACK_S",
@@ -94,19 +95,14 @@ __all__ = [
     "stop_budget_s",
 ]
 
-#: Without pidfds: how often stop() looks at /proc while waiting for the tree to go.
-_POLL_S = 0.01
-#: With pidfds, exits wake stop() at once; this only bounds how long a process forked by a member
-#: that ignores SIGTERM goes unsignalled (no exit announces it).
-_RESCAN_S = 0.1
-
 
 class ChildSupervisor:
     """Starts the command on demand and stops it with its whole process tree. See the module doc.
 
     `on_exit` is called exactly once, from the event loop, when the child exits before `stop()`
     began; the caller then decides what to do: `stop()` kills what the child left behind, and so
-    does `start()` before it starts the command again.
+    does `start()` before it starts the command again. `on_keeper_lost` is called when a keeper
+    exited without reporting its tree gone (its tree is then being killed at once).
     """
 
     def __init__(
@@ -117,6 +113,7 @@ class ChildSupervisor:
         on_exit: Callable[[ChildExit], None],
         children: AwaitedChildren | None = None,
         logger: SupervisorLogger | None = None,
+        on_keeper_lost: Callable[[], None] | None = None,
     ) -> None:
         self._children = AwaitedChildren() if children is None else children
         if not command:
@@ -126,15 +123,18 @@ class ChildSupervisor:
         self.command = tuple(command)
         self.kill_grace_s = kill_grace_s
         self._on_exit = on_exit
+        self._on_keeper_lost = on_keeper_lost
         self._log = logger if logger is not None else default_logger()
+        self._stopper = TreeStopper(kill_grace_s=kill_grace_s, children=self._children, logger=self._log)
         self._run: Run | None = None
         #: The start() in flight (it runs as a task of its own, so that a cancelled caller never
         #: loses a spawned child); a stop() meanwhile waits for it and stops what it started.
         self._starting: asyncio.Task[bool] | None = None
         #: Set by a stop() during a start(): a start that has not spawned yet must not.
         self._start_aborted = False
-        #: What the clean-up of an aborted start found: the stop() that aborted it reports it.
-        self._aborted_cleanup: ChildExit | None = None
+        #: What a clean-up found that no stop() returned yet (of an aborted start, or of a lost
+        #: keeper's tree): the next stop() reports it.
+        self._unreported: ChildExit | None = None
         self._stopping: asyncio.Task[ChildExit] | None = None
         self._parked: Parked | None = None
 
@@ -196,7 +196,7 @@ class ChildSupervisor:
                 # Leftovers of the last run must not overlap the new one, nor be taken for its tree.
                 cleaned = await self._stop_run()
             if self._start_aborted or (still_wanted is not None and not still_wanted()):
-                self._aborted_cleanup = cleaned
+                self._unreported = cleaned or self._unreported
                 if keeper is not None:
                     keeper.close()
                 return False
@@ -260,6 +260,7 @@ class ChildSupervisor:
         return process, foreign, started_at
 
     def _begin(self, run: Run) -> None:
+        self._unreported = None  # a new run: what the last one's clean-up found is old news
         run.watcher = asyncio.create_task(self._watch(run), name=f"elector-child-{run.pid}")
         self._run = run
 
@@ -349,16 +350,45 @@ class ChildSupervisor:
         self._children.waited.discard(run.pid)
         run.exited.set()
         run.wake.set()
+        keeper_lost = deadline_passed = False
         if run.keeper is not None:
+            keeper_lost, deadline_passed = not run.keeper.tree_gone(), run.keeper.deadline_passed()
             run.keeper.close()  # the keeper is gone: nobody reads the pipe any more
+        if keeper_lost:
+            self._keeper_lost(run, returncode)
         if run.stopping:
             return
         exit_ = child_exit(run.pid, returncode, stopped_by_us=False, runtime_s=run.ended_at - run.started_at)
-        run.natural_exit = exit_
+        run.natural_exit = exit_ = dataclasses.replace(
+            exit_, keeper_lost=keeper_lost, deadline_passed=deadline_passed
+        )
+        if keeper_lost:
+            # Whatever the caller decides (a restart waits for its back-off), the tree goes now;
+            # the next stop() (or start()) waits for this one and reports what it found.
+            run.report_later = True
+            self._stop_task(run)
         try:
             self._on_exit(exit_)
         except Exception:  # the callback's bug must not kill the watcher, nor go unseen
             self._log.error("child_on_exit_failed", pid=run.pid, exc_info=True)
+
+    def _keeper_lost(self, run: Run, returncode: int) -> None:
+        """The keeper exited without reporting its tree gone: nothing watches the command now."""
+        self._log.error(
+            "keeper_lost",
+            pid=run.pid,
+            code=returncode,
+            detail="the keeper exited without reporting its command's tree gone (killed alone?)",
+            effect="the command's group and session are killed at once",
+        )
+        run.keeper_lost = True  # the stop follows escaped chains itself (treestop.py)
+        run.hurry.set()  # a stop in its grace goes to SIGKILL now; a new one skips the grace
+        run.wake.set()
+        if self._on_keeper_lost is not None:
+            try:
+                self._on_keeper_lost()
+            except Exception:
+                self._log.error("keeper_lost_callback_failed", pid=run.pid, exc_info=True)
 
     async def stop(self, *, kill_now: bool = False) -> ChildExit | None:
         """Stop the child and its tree; see the module doc for the guarantees and the time bound.
@@ -379,9 +409,8 @@ class ChildSupervisor:
         if kill_now:
             self._hurry()
         result = await self._stop_run()
-        if result is None:
-            result, self._aborted_cleanup = self._aborted_cleanup, None
-        return result
+        unreported, self._unreported = self._unreported, None
+        return unreported if result is None else result
 
     def _hurry(self) -> None:
         if self._run is not None:
@@ -390,18 +419,22 @@ class ChildSupervisor:
 
     async def _stop_run(self) -> ChildExit | None:
         if self._stopping is None:
-            run = self._run
-            if run is None:
+            if self._run is None:
                 return None
+            self._stop_task(self._run)
+        assert self._stopping is not None
+        return await asyncio.shield(self._stopping)
+
+    def _stop_task(self, run: Run) -> None:
+        if self._stopping is None:
             # Set before any await, so that an exit seen from now on is not reported to on_exit.
             run.stopping = True
             self._stopping = asyncio.create_task(self._stop(run), name=f"elector-stop-{run.pid}")
-        return await asyncio.shield(self._stopping)
 
     async def _stop(self, run: Run) -> ChildExit:
         try:
             # After a natural exit this only cleans up leftovers: immediate when there are none.
-            survivors = await self._terminate(run)
+            survivors = await self._stopper.terminate(run)
             runtime_s = (run.ended_at or time.monotonic()) - run.started_at
             ended = run.natural_exit or child_exit(
                 run.pid, run.returncode, stopped_by_us=True, runtime_s=runtime_s
@@ -413,117 +446,11 @@ class ChildSupervisor:
                 # A child stuck past SIGKILL: asyncio still reaps it whenever it dies (its pid
                 # stays protected from the reaper); nobody is left to report that exit.
                 run.watcher.cancel()
+            if run.report_later:
+                self._unreported = result
             return result
         finally:
             if run.keeper is not None:
                 run.keeper.close()
             self._run = None
             self._stopping = None
-
-    async def _terminate(self, run: Run) -> tuple[int, ...]:
-        if self.kill_grace_s > 0 and not run.hurry.is_set():
-            grace_deadline = time.monotonic() + self.kill_grace_s
-            if not await self._signal_until_gone(run, signal.SIGTERM, deadline=grace_deadline):
-                return ()
-            if run.hurry.is_set():
-                self._log.warning("child_kill_now", pid=run.pid, detail="the grace was cut short")
-            else:
-                self._log.warning("child_kill_after_grace", pid=run.pid, kill_grace_s=self.kill_grace_s)
-        kill_deadline = time.monotonic() + KILL_REAP_SLACK_S
-        return await self._signal_until_gone(run, signal.SIGKILL, deadline=kill_deadline)
-
-    async def _signal_until_gone(self, run: Run, sig: signal.Signals, *, deadline: float) -> tuple[int, ...]:
-        """Signal the tree, then each newcomer once; the pids still alive at `deadline` (or
-        when a SIGTERM phase is hurried: then SIGKILL follows at once)."""
-        signalled: set[int] = set()
-        run.wake.clear()  # before the look: what happens from now on wakes the wait below
-        # One killpg reaches the group atomically, even members forked while we scan. Only while
-        # the group's id cannot belong to a stranger: the child is not reaped yet (it holds its
-        # pid), or a member of its group is seen. Not reaped: the signal goes before the look.
-        group_signalled = not run.exited.is_set() and send_signal(run.pid, sig, group=True)
-        watch = ExitWatch(run.wake)
-        try:
-            if group_signalled and run.keeper is not None and watch.available:
-                # The keeper signals the rest of its tree and exits once all of it is gone: wait
-                # for that before looking at /proc (a look costs ms that the dying tree could use).
-                watch.watch([run.pid])
-                # Until its exit is known (through the pidfd, or asyncio's report when its thread
-                # reaped the keeper first), a hurry, or the deadline: a wake-up can come before
-                # the exit code can be read, and deciding then would scan for nothing.
-                while not run.hurry.is_set() and not self._exited(run, watch):
-                    try:
-                        async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                            await run.wake.wait()
-                    except TimeoutError:
-                        break
-                    run.wake.clear()
-                # It reported its tree gone right before it exited: no scan (see keeper.py).
-                if run.keeper.tree_gone() and self._exited(run, watch):
-                    return ()
-            tree = self._tree(run)
-            group = [proc.pid for proc in tree if proc.pgid == run.pid and proc.alive]
-            if group and (group_signalled or send_signal(run.pid, sig, group=True)):
-                signalled.update(group)
-            while True:
-                me, alive = os.getpid(), []
-                for proc in tree:
-                    if not proc.alive:
-                        if proc.ppid == me and proc.pid != run.pid and proc.pid not in self._children.waited:
-                            reap(proc.pid)  # an orphan reparented to us: nobody else will
-                        continue
-                    alive.append(proc.pid)
-                    if proc.pid not in signalled:
-                        signalled.add(proc.pid)
-                        send_signal(proc.pid, sig)
-                now = time.monotonic()
-                if not alive:
-                    # The child is dead too (always in its session), and its orphans were ours
-                    # before it turned zombie: only its reaping is left, which asyncio does.
-                    if self._exited(run, watch):
-                        return ()
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(max(0.0, deadline - now)):
-                            await run.exited.wait()
-                    return ()
-                if now >= deadline or (sig is signal.SIGTERM and run.hurry.is_set()):
-                    return tuple(sorted(alive))
-                # Look again once all of them exited (each exit is announced; one that exits
-                # between the look and here fires at once), on a hurry, or after a while for
-                # what was forked since; without pidfds, every _POLL_S.
-                watch.watch(alive)
-                step = _RESCAN_S if watch.available else _POLL_S
-                with contextlib.suppress(TimeoutError):  # asyncio.timeout: see reaper.py
-                    async with asyncio.timeout(min(step, deadline - now)):
-                        await run.wake.wait()
-                run.wake.clear()
-                tree = self._tree(run)
-        finally:
-            watch.close()
-
-    @staticmethod
-    def _exited(run: Run, watch: ExitWatch) -> bool:
-        """Whether the child has exited, its code known: reported by asyncio, or read through its
-        pidfd (asyncio's report comes a thread hop later, and the stop need not wait for it)."""
-        if run.returncode is None and not run.exited.is_set():
-            run.seen_returncode = watch.exit_code(run.pid)
-        return run.returncode is not None
-
-    def _tree(self, run: Run) -> list[Proc]:
-        """The child's session, plus what left it and got reparented to us (see the module doc)."""
-        if not HAVE_PROC:
-            # Without /proc only the group can be followed: is anyone left in it?
-            if send_signal(run.pid, 0, group=True):
-                return [Proc(run.pid, "?", -1, run.pid, run.pid, 0)]
-            return []
-        me = os.getpid()
-        return [
-            proc
-            for proc in all_procs(session=run.pid, parent=me)
-            if proc.sid == run.pid
-            or (
-                proc.ppid == me
-                and proc.pid not in run.foreign
-                and proc.pid not in self._children.waited
-                and proc.start_ticks >= run.start_ticks
-            )
-        ]

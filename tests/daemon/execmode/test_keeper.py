@@ -524,9 +524,7 @@ def test_a_parked_keeper_that_gets_no_whole_order_exits_without_starting_anythin
 
 
 # The same parent, with a parked keeper (no validity end until a start message).
-PARKED_PARENT = PARENT.replace(
-    "from elector.daemon.execmode.keeper import boottime\n", ""
-).replace(
+PARKED_PARENT = PARENT.replace("from elector.daemon.execmode.keeper import boottime\n", "").replace(
     "KeeperLink(valid_until=boottime() + 60, kill_grace_s=0.3, margin_s=0.4)",
     "KeeperLink.parked(kill_grace_s=0.3, margin_s=0.4)",
 )

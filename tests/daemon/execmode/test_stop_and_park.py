@@ -21,7 +21,7 @@ import pytest
 from structlog.testing import CapturingLogger
 
 from elector.daemon.execmode import proctree
-from elector.daemon.execmode import supervisor as supervisor_module
+from elector.daemon.execmode import treestop as treestop_module
 from elector.daemon.execmode.keeper import boottime
 from elector.daemon.execmode.keeper_link import KeeperLink
 from elector.daemon.execmode.proctree import ExitWatch
@@ -46,8 +46,8 @@ def kill_what_a_failed_test_left(tmp_path: Path) -> Iterator[None]:
 @pytest.fixture
 def no_poll(monkeypatch: pytest.MonkeyPatch) -> None:
     """Both of stop()'s periodic looks take an hour: only wake-ups can end a stop in time."""
-    monkeypatch.setattr(supervisor_module, "_POLL_S", 3600.0)
-    monkeypatch.setattr(supervisor_module, "_RESCAN_S", 3600.0)
+    monkeypatch.setattr(treestop_module, "_POLL_S", 3600.0)
+    monkeypatch.setattr(treestop_module, "_RESCAN_S", 3600.0)
 
 
 def supervisor_for(tmp_path: Path, exits: list[ChildExit], *, grace_s: float = 600.0) -> ChildSupervisor:

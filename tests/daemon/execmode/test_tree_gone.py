@@ -15,7 +15,8 @@ import pytest
 
 from elector.daemon.execmode.keeper_link import KeeperLink
 from elector.daemon.execmode.proctree import Proc
-from elector.daemon.execmode.supervisor import ChildExit, ChildSupervisor
+from elector.daemon.execmode.supervisor import ChildExit
+from elector.daemon.execmode.treestop import TreeStopper
 from tests.daemon.execmode.test_keeper import (
     GRACE_S,
     Started,
@@ -98,13 +99,13 @@ async def test_stop_trusts_the_report_and_scans_without_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reported: bool
 ) -> None:
     scans: list[int] = []
-    real_tree = ChildSupervisor._tree
+    real_tree = TreeStopper.tree
 
-    def counted(self: ChildSupervisor, run: object) -> list[Proc]:
+    def counted(self: TreeStopper, run: object) -> list[Proc]:
         scans.append(1)
         return real_tree(self, run)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(ChildSupervisor, "_tree", counted)
+    monkeypatch.setattr(TreeStopper, "tree", counted)
     if not reported:
         monkeypatch.setattr(KeeperLink, "tree_gone", lambda self: False)
     exits: list[ChildExit] = []
