@@ -65,7 +65,10 @@ class HttpAttacks:
         self.runs.append(measure_attack(target, attack=attack, seconds=self.seconds))
         found = cluster.leader()
         if found is None or found[1] != child:
-            self.lost_terms.append((attack, f"leader's child {child} replaced by {found}"))
+            now = "none" if found is None else f"{found[0].identity}'s child {found[1]}"
+            self.lost_terms.append(
+                (attack, f"{node.identity}'s child {child} no longer the newest term ({now})")
+            )
 
     def run_missing(self, cluster: Cluster) -> None:
         """Run every attack that has not run yet (the soak runs them all)."""

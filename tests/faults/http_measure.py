@@ -96,7 +96,8 @@ class Figures:
 
     @property
     def leases_lost(self) -> int:
-        return len(self.lease_writes) + (0 if self.owner_kept else 1)
+        """Grants and releases seen; a changed owner without either (the key expired) is one."""
+        return len(self.lease_writes) or (0 if self.owner_kept else 1)
 
     def lease_problems(self) -> list[str]:
         """What the election lost to the attack: leases, step-downs, late renewals."""
