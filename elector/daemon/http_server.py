@@ -2,14 +2,24 @@
 
 h11 does all the parsing and framing (request line, headers, Content-Length and chunked bodies,
 keep-alive, HEAD); this module only moves bytes, bounds what a client may cost, and hands each
-request to an application: `async (Request) -> Response`. The limits:
+request to an application: `async (Request) -> Response`. The budgets, so that a hostile client
+gets bounded service and a fresh probe always gets an answer:
 
-- at most `max_connections` open at once; further ones are closed as soon as they are accepted;
-- a request (line, headers and body) must arrive within `idle_timeout_s` of the connection's
-  previous turn, or the connection is closed (slowloris);
-- request heads above `MAX_HEAD_BYTES` get 431, a malformed request 400 with h11's reason;
-  request bodies (no route reads one) are skipped up to `MAX_BODY_BYTES`, else the connection
-  is closed after the answer.
+- connections: at most `max_connections` open at once. At the cap a new connection is served
+  and the one waiting longest on its client (idle, sending its request slowly, or not reading
+  its answer) is cut (`shed`); only when every connection is in the middle of its handler is the
+  new one closed instead. A slowloris crowd therefore rotates through the slots, and a probe,
+  which sends its request at once, is answered before 127 newer connections could push it out;
+- time: a request (line, headers and body) must arrive within `idle_timeout_s` of the start of
+  the wait for it, an answer must be taken by the client within SEND_TIMEOUT_S;
+- bytes: request heads above MAX_HEAD_BYTES get 431, a malformed request 400 with h11's reason
+  (and the connection is closed); bodies (no route reads one) are skipped up to MAX_BODY_BYTES,
+  else the connection is closed after the answer. Per connection, at most READ_BUFFER_BYTES of
+  input wait unparsed (reading pauses above it) and WRITE_BUFFER_BYTES of output unsent (answers
+  go out in pieces of that size as the client takes them), so the server's buffers are bounded
+  by max_connections x (h11's head buffer + both), whatever the clients do;
+- turns: a connection whose requests are already buffered (pipelining) answers at most
+  REQUESTS_PER_TURN of them before it lets the other connections have the loop.
 """
 
 from __future__ import annotations
@@ -21,17 +31,16 @@ import functools
 import http
 import logging
 import urllib.parse
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 
 import h11
 
 _MAX_PORT = 65535
-#: Probes and scrapes need a handful of connections; beyond this many open at once, new ones
-#: are closed at once, so that a flood of (slow) clients cannot take every file descriptor
-#: the daemon needs for Redis.
+#: Probes and scrapes need a handful of connections; this many open at once bounds the
+#: descriptors and buffers HTTP can take from the daemon (Redis needs its own).
 DEFAULT_MAX_CONNECTIONS = 128
-#: A connection that has not completed a request within this long is closed: it bounds how
-#: long a slowloris client holds a descriptor.
+#: A connection that has not completed a request within this long of the start of the wait for
+#: it is closed: it bounds how long a slowloris client holds a descriptor.
 DEFAULT_IDLE_TIMEOUT_S = 5.0
 #: Request line and headers together; h11 answers more with 431 (its own default size).
 MAX_HEAD_BYTES = 16 * 1024
@@ -39,6 +48,13 @@ MAX_HEAD_BYTES = 16 * 1024
 MAX_BODY_BYTES = 64 * 1024
 #: Writing one answer (a /metrics exposition of a few MB) to a client that does not read it.
 SEND_TIMEOUT_S = 30.0
+#: Input read but not yet parsed, per connection: the stream pauses reading above twice this.
+READ_BUFFER_BYTES = 16 * 1024
+#: Output not yet sent, per connection: an answer goes out in pieces of this size, each written
+#: once the previous ones have left (a body is never copied whole into the transport's buffer).
+WRITE_BUFFER_BYTES = 64 * 1024
+#: Pipelined requests answered back to back before the connection yields the loop to the others.
+REQUESTS_PER_TURN = 4
 #: After the last answer on a connection the client may still be sending (a body we did not
 #: read): its input is drained this long before the close, so that the close is not a reset
 #: that could destroy the answer in the client's receive buffer.
@@ -125,11 +141,33 @@ def _parse_request(event: h11.Request) -> Request:
     )
 
 
+@dataclasses.dataclass(slots=True)
+class HttpStats:
+    """What a server's connection budget did; written by its loop's thread, read by any."""
+
+    #: Connections holding a slot now, and the most that ever did at once (never above the cap).
+    open: int = 0
+    peak: int = 0
+    #: Connections cut at the cap to make room for a new one, and new ones closed at the cap.
+    shed: int = 0
+    refused: int = 0
+
+
 class _Refused(asyncio.Protocol):
     """Stands in for a connection over the limit: closes it as soon as it is accepted."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport.close()
+
+
+class _Slot:
+    """One connection's share of `max_connections`, given back exactly once."""
+
+    __slots__ = ("claimed", "released")
+
+    def __init__(self) -> None:
+        self.claimed = False
+        self.released = False
 
 
 class _Connection:
@@ -141,15 +179,34 @@ class _Connection:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         *,
+        slot: _Slot,
         settings: HttpSettings,
         log: logging.Logger,
+        waiting: dict[_Connection, None],
     ) -> None:
+        self.slot = slot
         self._app = app
         self._reader = reader
         self._writer = writer
         self._settings = settings
         self._log = log
+        #: The server's connections that wait on their client, longest first (see `shed`).
+        self._waiting = waiting
         self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+
+    def shed(self) -> None:
+        """Cut the connection now (the server needs its slot): its handler ends on its own."""
+        self._waiting.pop(self, None)
+        self._writer.transport.abort()
+
+    @contextlib.contextmanager
+    def _waiting_on_client(self) -> Iterator[None]:
+        """While the client owes us bytes or has not taken our answer, we may be shed."""
+        self._waiting[self] = None  # at the end: the longest-waiting connection comes first
+        try:
+            yield
+        finally:
+            self._waiting.pop(self, None)
 
     async def _next_event(self) -> h11.Event | type[h11.PAUSED] | type[h11.NEED_DATA]:
         """The next event, reading as much as it needs (never NEED_DATA in fact: for mypy)."""
@@ -162,10 +219,12 @@ class _Connection:
                 return event
 
     async def serve(self) -> None:
+        answered_this_turn = 0
         while True:
             try:
-                async with asyncio.timeout(self._settings.idle_timeout_s):
-                    event = await self._next_event()
+                with self._waiting_on_client():
+                    async with asyncio.timeout(self._settings.idle_timeout_s):
+                        event = await self._next_event()
             except TimeoutError:
                 return
             except h11.RemoteProtocolError as exc:
@@ -175,11 +234,19 @@ class _Connection:
                 return  # ConnectionClosed (or PAUSED after a protocol switch we never agree to)
             request = _parse_request(event)
             response = await self._app(request)
-            await self._send(response, head_only=request.method == "HEAD")
-            if not await self._skip_body() or self._h11.our_state is not h11.DONE:
+            with self._waiting_on_client():
+                await self._send(response, head_only=request.method == "HEAD")
+                body_skipped = await self._skip_body()
+            if not body_skipped or self._h11.our_state is not h11.DONE:
                 await self._linger()
                 return
             self._h11.start_next_cycle()
+            answered_this_turn += 1
+            if answered_this_turn >= REQUESTS_PER_TURN:
+                # Buffered (pipelined) requests are answered without the loop ever waiting:
+                # without this, one connection would hold the loop for as long as it sends.
+                answered_this_turn = 0
+                await asyncio.sleep(0)
 
     async def _bad_request(self, exc: h11.RemoteProtocolError) -> None:
         status = exc.error_status_hint
@@ -188,7 +255,10 @@ class _Connection:
         if self._h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
             phrase = http.HTTPStatus(status).phrase
             body = f"{status}: {phrase}: {exc}\n"
-            await self._send(text_response(status, body, headers=(("Connection", "close"),)), head_only=False)
+            with self._waiting_on_client():
+                await self._send(
+                    text_response(status, body, headers=(("Connection", "close"),)), head_only=False
+                )
         await self._linger()
 
     async def _send(self, response: Response, *, head_only: bool) -> None:
@@ -197,10 +267,15 @@ class _Connection:
         data = self._h11.send(h11.Response(status_code=response.status, headers=headers, reason=reason))
         assert data is not None  # only None for ConnectionClosed
         self._writer.write(data)
-        if response.body and not head_only:
-            self._writer.write(self._h11.send(h11.Data(data=response.body)) or b"")
-        self._writer.write(self._h11.send(h11.EndOfMessage()) or b"")
+        body = b"" if head_only else response.body
         async with asyncio.timeout(SEND_TIMEOUT_S):
+            # In pieces, each once the client has taken the previous ones: a client that does not
+            # read costs WRITE_BUFFER_BYTES, not a copy of the whole answer.
+            for start in range(0, len(body), WRITE_BUFFER_BYTES):
+                piece = self._h11.send(h11.Data(data=body[start : start + WRITE_BUFFER_BYTES]))
+                self._writer.write(piece or b"")
+                await self._writer.drain()
+            self._writer.write(self._h11.send(h11.EndOfMessage()) or b"")
             await self._writer.drain()
 
     async def _skip_body(self) -> bool:
@@ -220,7 +295,7 @@ class _Connection:
 
     async def _linger(self) -> None:
         """Close after the answer: stop sending, drop the client's remaining input for a moment."""
-        with contextlib.suppress(OSError, RuntimeError, TimeoutError):
+        with self._waiting_on_client(), contextlib.suppress(OSError, RuntimeError, TimeoutError):
             if self._writer.can_write_eof():
                 self._writer.write_eof()
             async with asyncio.timeout(_LINGER_S):
@@ -228,45 +303,45 @@ class _Connection:
                     pass
 
 
-class _Slot:
-    """One connection's share of `max_connections`, given back exactly once."""
-
-    __slots__ = ("claimed", "released")
-
-    def __init__(self) -> None:
-        self.claimed = False
-        self.released = False
-
-
 class HttpServer:
     """Serves an application on one address until stopped."""
 
     def __init__(
-        self, app: Application, *, settings: HttpSettings, logger: logging.Logger | None = None
+        self,
+        app: Application,
+        *,
+        settings: HttpSettings,
+        logger: logging.Logger | None = None,
+        stats: HttpStats | None = None,
     ) -> None:
         self._app = app
         self._settings = settings
         self._log = logging.getLogger("elector.http") if logger is None else logger
+        self.stats = HttpStats() if stats is None else stats
         self._server: asyncio.Server | None = None
-        self._in_use = 0
         self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        self._waiting: dict[_Connection, None] = {}
 
     async def start(self) -> None:
         if self._server is not None:
             raise RuntimeError("the HTTP server is already started")
         loop = asyncio.get_running_loop()
         limit = self._settings.max_connections
+        stats = self.stats
 
         def protocol() -> asyncio.Protocol:
             # Called at accept time, so a burst of accepts is counted before any handler runs.
-            if self._in_use >= limit:
+            if stats.open >= limit and not self._shed_one():
+                stats.refused += 1
                 return _Refused()
             slot = _Slot()
-            self._in_use += 1
+            stats.open += 1
+            stats.peak = max(stats.peak, stats.open)
             # Should the connection never reach its handler (a transport that failed at once),
             # its slot is given back after a moment.
             loop.call_later(_REGISTRATION_S, lambda: None if slot.claimed else self._release(slot))
-            return asyncio.StreamReaderProtocol(asyncio.StreamReader(), functools.partial(self._serve, slot))
+            reader = asyncio.StreamReader(limit=READ_BUFFER_BYTES)
+            return asyncio.StreamReaderProtocol(reader, functools.partial(self._serve, slot))
 
         try:
             self._server = await loop.create_server(protocol, self._settings.host, self._settings.port)
@@ -275,22 +350,44 @@ class HttpServer:
                 exc.errno, f"cannot listen on {self._settings.address}: {exc.strerror or exc}"
             ) from exc
 
+    def _shed_one(self) -> bool:
+        """Cut the connection that has waited longest on its client; False if none waits."""
+        victim = next(iter(self._waiting), None)
+        if victim is None:
+            return False
+        victim.shed()
+        self._release(victim.slot)
+        self.stats.shed += 1
+        return True
+
     def _release(self, slot: _Slot) -> None:
         if not slot.released:
             slot.released = True
-            self._in_use -= 1
+            self.stats.open -= 1
 
     async def _serve(self, slot: _Slot, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         slot.claimed = True
         task = asyncio.current_task()
         assert task is not None
         self._connections[task] = writer
-        connection = _Connection(self._app, reader, writer, settings=self._settings, log=self._log)
+        writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
+        connection = _Connection(
+            self._app,
+            reader,
+            writer,
+            slot=slot,
+            settings=self._settings,
+            log=self._log,
+            waiting=self._waiting,
+        )
         try:
+            if slot.released:  # shed before it was even served
+                return
             await connection.serve()
         except (ConnectionError, TimeoutError):
             pass  # the client went away, or did not read its answer: nothing to tell anyone
         finally:
+            self._waiting.pop(connection, None)
             self._connections.pop(task, None)
             self._release(slot)
             writer.close()
