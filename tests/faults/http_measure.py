@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,8 @@ class Figures:
     probes: int = 0
     probes_in_time: int = 0
     slowest_probe_s: float = 0.0
+    #: Probes not answered 200 in time, by what happened: a status, or the client's exception.
+    probe_failures: dict[str, int] = dataclasses.field(default_factory=dict)
     rss_before_mib: float = 0.0
     rss_max_mib: float = 0.0
     pss_max_mib: float = 0.0
@@ -126,7 +129,8 @@ class Figures:
             f"{self.attack} for {self.seconds:g}s: {self.renewals} renewals, max gap {self.max_gap_s:.3f}s "
             f"(bound {self.gap_bound_s:.3f}s; gaps {gaps}), leases lost {self.leases_lost}, "
             f"step-downs {self.step_downs}, takeovers {self.takeovers}, probes {self.probes_in_time}/"
-            f"{self.probes} within {PROBE_TIMEOUT_S:g}s (slowest {self.slowest_probe_s:.2f}s), RSS "
+            f"{self.probes} within {PROBE_TIMEOUT_S:g}s (slowest {self.slowest_probe_s:.2f}s, failed "
+            f"{self.probe_failures}), RSS "
             f"{self.rss_before_mib:.1f} -> max {self.rss_max_mib:.1f} MiB, PSS max {self.pss_max_mib:.1f} "
             f"MiB; attacker {json.dumps(self.attacker)}"
         )
@@ -187,7 +191,8 @@ class Prober:
     def __init__(self, port: int, *, period_s: float = PROBE_PERIOD_S) -> None:
         self._port = port
         self._period_s = period_s
-        self.results: list[tuple[int, float]] = []  # (status or 0, seconds)
+        #: (HTTP status, or the exception's name when there was none; seconds)
+        self.results: list[tuple[int | str, float]] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -208,15 +213,15 @@ class Prober:
 
     def _probe(self) -> None:
         started = time.monotonic()
-        status = 0
+        status: int | str = 0
         connection = http.client.HTTPConnection("127.0.0.1", self._port, timeout=PROBE_TIMEOUT_S)
         try:
             connection.request("GET", "/healthz", headers={"Connection": "close"})
             response = connection.getresponse()
             response.read()
             status = response.status
-        except (OSError, http.client.HTTPException):
-            status = 0
+        except (OSError, http.client.HTTPException) as exc:
+            status = type(exc).__name__
         finally:
             connection.close()
         with self._lock:
@@ -346,6 +351,10 @@ def measure_attack(target: Target, *, attack: str, seconds: float) -> Figures:
     figures.probes = len(prober.results)
     figures.probes_in_time = sum(status == 200 and took <= PROBE_TIMEOUT_S for status, took in prober.results)
     figures.slowest_probe_s = max((took for _, took in prober.results), default=0.0)
+    figures.probe_failures = dict(Counter(
+        str(status) if took <= PROBE_TIMEOUT_S else f"{status} after {PROBE_TIMEOUT_S:g}s"
+        for status, took in prober.results if status != 200 or took > PROBE_TIMEOUT_S
+    ))  # fmt: skip
     figures.rss_max_mib = memory.rss_max_kib / 1024
     figures.pss_max_mib = memory.pss_max_kib / 1024
     return figures
