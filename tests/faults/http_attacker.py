@@ -60,10 +60,11 @@ class Stats:
     answers: int = 0
     bytes_sent: int = 0
     bytes_read: int = 0
-    errors: int = 0
     #: The most connections open at once.
     peak_open: int = 0
     open_now: int = 0
+    #: The attack's own bug, if it raised (its counts are then partial).
+    failure: str = ""
 
 
 class Attack:
@@ -384,8 +385,8 @@ async def run_attack(name: str, *, port: int, seconds: float) -> Stats:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-    elif task.exception() is not None:
-        attack.stats.errors += 1
+    elif (exc := task.exception()) is not None:
+        attack.stats.failure = repr(exc)
     return attack.stats
 
 

@@ -102,9 +102,17 @@ class Figures:
         """Grants and releases seen; a changed owner without either (the key expired) is one."""
         return len(self.lease_writes) or (0 if self.owner_kept else 1)
 
+    def attack_problems(self) -> list[str]:
+        """An attack that failed or never connected proves nothing."""
+        if self.attacker.get("failure") or "connections" not in self.attacker:
+            return [f"the attacker failed: {self.attacker}"]
+        if not self.attacker["connections"]:
+            return [f"the attacker never connected: {self.attacker}"]
+        return []
+
     def lease_problems(self) -> list[str]:
         """What the election lost to the attack: leases, step-downs, late renewals."""
-        found = []
+        found = self.attack_problems()
         if self.leases_lost:
             found.append(f"{self.leases_lost} lease(s) lost: {self.lease_writes or 'the owner changed'}")
         if self.step_downs or self.takeovers:
