@@ -307,9 +307,10 @@ class HttpStatsCollector:
             value=stats.shed,
         )
         yield CounterMetricFamily(
-            "elector_http_connections_refused",
-            "New HTTP connections closed at the connection cap (every open one was being answered).",
-            value=stats.refused,
+            "elector_http_connections_deferred",
+            "New HTTP connections left waiting in the kernel's queue at the connection cap (every "
+            "open one was being answered or too fresh to cut).",
+            value=stats.deferred,
         )
 
 

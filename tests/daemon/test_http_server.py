@@ -178,14 +178,16 @@ async def test_at_the_cap_the_connection_waiting_longest_is_shed_for_the_new_one
         assert (await exchange(newest, get("/echo")))[0] == 200
         assert await closed_by_server(first[0], within_s=5)
         assert (await exchange(second, get("/echo")))[0] == 200  # the younger one was kept
-        assert (server.stats.shed, server.stats.refused, server.stats.peak) == (1, 0, 2)
+        assert (server.stats.shed, server.stats.deferred, server.stats.peak) == (1, 0, 2)
         for raw in (first, second, newest):
             raw[1].close()
     finally:
         await server.stop()
 
 
-async def test_at_the_cap_a_new_connection_is_closed_only_when_every_open_one_is_being_answered() -> None:
+async def test_at_the_cap_a_new_connection_waits_while_every_open_one_is_being_answered() -> None:
+    """Nothing is cut in the middle of its handler: the new connection waits in the kernel's
+    queue until a slot can be had, and is served then."""
     release = asyncio.Event()
     inside: list[Request] = []
     both_inside = asyncio.Event()
@@ -207,14 +209,38 @@ async def test_at_the_cap_a_new_connection_is_closed_only_when_every_open_one_is
         for _, writer in busy:
             writer.write(get("/slow"))
         await asyncio.wait_for(both_inside.wait(), timeout=10)
-        reader, writer = await connect(server)
-        assert await closed_by_server(reader, within_s=5)
-        writer.close()
-        assert (server.stats.refused, server.stats.shed, server.stats.peak) == (1, 0, 2)
+        waiting = await connect(server)
+        waiting[1].write(get("/echo"))
+        answer = asyncio.ensure_future(waiting[0].readuntil(b"\r\n\r\n"))
+        await asyncio.sleep(0.5)
+        assert not answer.done() and server.stats.deferred == 1 and server.stats.open == 2
         release.set()
         for raw in busy:
             head = await asyncio.wait_for(raw[0].readuntil(b"\r\n\r\n"), timeout=5)
             assert head.startswith(b"HTTP/1.1 200")
+        assert (await asyncio.wait_for(answer, timeout=5)).startswith(b"HTTP/1.1 200")
+        assert server.stats.peak == 2 and server.stats.shed == 1  # the longest idle made room
+        for raw in [*busy, waiting]:
+            raw[1].close()
+    finally:
+        await server.stop()
+
+
+async def test_a_fresh_connection_is_read_before_a_flood_of_newer_ones_can_push_it_out(
+    registry: CollectorRegistry,
+) -> None:
+    """A probe among a flood: each connection gets its first read before it may be cut."""
+    server = await serve(registry, max_connections=4)
+    try:
+        flood = [await connect(server) for _ in range(4)]
+        for raw in flood:
+            raw[1].write(b"GET /ec")  # heads under way, never finished: cut first
+        probe = await connect(server)
+        probe[1].write(get("/echo"))
+        more = [await connect(server) for _ in range(20)]  # silent: fresh, then cut after a grace
+        assert (await exchange(probe, b""))[0] == 200
+        assert server.stats.peak == 4 and server.stats.shed >= 4
+        for raw in [*flood, probe, *more]:
             raw[1].close()
     finally:
         await server.stop()
