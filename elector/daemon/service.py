@@ -26,7 +26,7 @@ from elector.backend.topologies.factory import LeaseConnections
 from elector.backend.topologies.sentinel_watch import default_poll_interval_s, watch_master
 from elector.daemon.execmode.runner import ExecMode, keeper_margin_s
 from elector.daemon.execmode.supervisor import AwaitedChildren, OrphanReaper, become_subreaper
-from elector.daemon.http import HttpBindError, HttpStats, HttpStatsCollector, make_http_app
+from elector.daemon.http import HttpBindError, HttpStats, HttpStatsCollector, make_compat_app, make_http_app
 from elector.daemon.http_thread import HttpThread, Listener
 from elector.daemon.lock_election import EXIT_LOST_LEADERSHIP, LockElection
 from elector.daemon.logs import configure_logging, make_logger
@@ -126,7 +126,12 @@ class Daemon:
             # "Within the last ttl", plus one request's time so a healthy follower never flaps.
             readiness_window_s=timing.ttl_s + timing.request_timeout_s,
         )
-        return [Listener("http", app, self.settings.http, stats=self.http_stats)]
+        listeners = [Listener("http", app, self.settings.http, stats=self.http_stats)]
+        if self.settings.compat_http is not None:
+            # Same thread, same budgets; one lock (settings refuse more).
+            compat = make_compat_app(status=self.locks[0].published)
+            listeners.append(Listener("compat", compat, self.settings.compat_http, stats=HttpStats()))
+        return listeners
 
     @property
     def election(self) -> Election:
@@ -196,6 +201,9 @@ class Daemon:
             redis=self.redis.endpoints[0] if len(self.redis.endpoints) == 1 else self.redis.endpoints,
             topology=self.redis.topology,
             http=f"{settings.http.host}:{self.http.bound_port('http')}",
+            compat_http=None
+            if settings.compat_http is None
+            else f"{settings.compat_http.host}:{self.http.bound_port('compat')}",
             locks=len(settings.locks),
             ttl_ms=settings.timing.ttl_ms,
             renew_interval_ms=round(settings.timing.renew_interval_s * 1000),
