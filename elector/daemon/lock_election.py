@@ -12,7 +12,7 @@ import contextlib
 import functools
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 import structlog
@@ -301,3 +301,25 @@ def _fan_out(
     return call_all
 
 
+
+
+#: How often `republish` wakes, seconds, and how many locks it republishes per wake (round robin).
+REPUBLISH_PERIOD_S = 0.25
+REPUBLISH_BATCH = 500
+
+
+async def republish(locks: Sequence[LockElection]) -> None:
+    """Republish the locks' status snapshots every REPUBLISH_PERIOD_S, REPUBLISH_BATCH at a time,
+    until cancelled (runs on the election's loop).
+
+    Outcomes and hooks publish every change that ends a cycle; this catches the rest: a holder a
+    follower learned of from an announcement (the leader-elector compatibility listener names
+    it at once), a request's due time (liveness). A lock is republished at least every
+    REPUBLISH_PERIOD_S x locks / REPUBLISH_BATCH (5 s at 10,000 locks); one wake costs ~1 ms.
+    """
+    start = 0
+    while True:
+        await asyncio.sleep(REPUBLISH_PERIOD_S)
+        for lock in locks[start : start + REPUBLISH_BATCH]:
+            lock.publish()
+        start = start + REPUBLISH_BATCH if start + REPUBLISH_BATCH < len(locks) else 0

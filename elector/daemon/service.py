@@ -28,7 +28,7 @@ from elector.daemon.execmode.runner import ExecMode, keeper_margin_s
 from elector.daemon.execmode.supervisor import AwaitedChildren, OrphanReaper, become_subreaper
 from elector.daemon.http import HttpBindError, HttpStats, HttpStatsCollector, make_compat_app, make_http_app
 from elector.daemon.http_thread import HttpThread, Listener
-from elector.daemon.lock_election import EXIT_LOST_LEADERSHIP, LockElection
+from elector.daemon.lock_election import EXIT_LOST_LEADERSHIP, LockElection, republish
 from elector.daemon.logs import configure_logging, make_logger
 from elector.daemon.many_locks import BatchedStop, freeze_long_lived, start_spacing_s
 from elector.daemon.settings import Settings
@@ -232,6 +232,8 @@ class Daemon:
             )
             for index, lock in enumerate(self.locks)
         ]
+        # What the HTTP thread reads between cycles (see lock_election.republish).
+        republisher = asyncio.create_task(republish(self.locks), name="status-republish")
         cancelled = False
         try:
             await asyncio.gather(*self._tasks)
@@ -240,6 +242,7 @@ class Daemon:
             if self._signals_seen < 2:
                 raise
         finally:
+            republisher.cancel()
             if self.exec_mode is not None:
                 # Normally stopped by the election's own hook; this covers a crash or a cancel.
                 with contextlib.suppress(Exception):
