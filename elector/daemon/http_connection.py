@@ -17,8 +17,10 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 
 import h11
 
-#: Request line and headers together; h11 answers more with 431 (its own default size).
-MAX_HEAD_BYTES = 16 * 1024
+#: Request line and headers together; more gets 431. A probe's or a scrape's head is well under
+#: 1 KiB; nginx's default is 8 KiB too. Every byte of an oversized head is read before the 431:
+#: the smaller the bound, the less a flood of them costs.
+MAX_HEAD_BYTES = 8 * 1024
 #: A request body is read and dropped (to keep the connection) up to this size.
 MAX_BODY_BYTES = 64 * 1024
 #: Writing one answer (a /metrics exposition of a few MB) to a client that does not read it.
@@ -34,6 +36,9 @@ REQUESTS_PER_TURN = 4
 #: read): its input is drained this long before the close, so that the close is not a reset
 #: that could destroy the answer in the client's receive buffer.
 _LINGER_S = 1.0
+#: ...and at most this much of it: beyond, the close may be a reset (a client that keeps sending
+#: after its answer is not one whose answer we owe that much reading).
+_LINGER_BYTES = 16 * 1024
 #: h11 refuses a head once more than MAX_HEAD_BYTES of it are buffered unparsed; reading no more
 #: at a time means no head much above twice that gets through.
 _READ_SIZE = MAX_HEAD_BYTES
@@ -272,6 +277,7 @@ class Connection:
         with self._waiting_on_client(CLOSING), contextlib.suppress(OSError, RuntimeError, TimeoutError):
             if self._writer.can_write_eof():
                 self._writer.write_eof()
+            drained = 0
             async with asyncio.timeout(_LINGER_S):
-                while await self._reader.read(_READ_SIZE):
-                    pass
+                while drained <= _LINGER_BYTES and (data := await self._reader.read(_READ_SIZE)):
+                    drained += len(data)

@@ -82,7 +82,7 @@ DEFAULT_IDLE_TIMEOUT_S = 5.0
 _BACKLOG = 1024
 #: A connection not yet read from may not be shed for this long: every connection (a probe
 #: among a flood) gets its first read before a newer one can push it out.
-FRESH_GRACE_S = 0.1
+FRESH_GRACE_S = 0.25
 #: How long `stop` lets a connection's handler finish an answer it is rendering.
 _STOP_S = 2.0
 
