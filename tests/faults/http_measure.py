@@ -29,6 +29,7 @@ import dataclasses
 import http.client
 import itertools
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -85,6 +86,10 @@ class Figures:
     #: Probes not answered 200 in time, by what happened: a status, or the client's exception.
     probe_failures: dict[str, int] = dataclasses.field(default_factory=dict)
     rss_before_mib: float = 0.0
+    #: CPU seconds the leader's process used during the attack (all its threads).
+    leader_cpu_s: float = 0.0
+    #: The machine's 1-minute load average when the attack ended (a loaded machine delays renewals too).
+    load_average: float = 0.0
     rss_max_mib: float = 0.0
     pss_max_mib: float = 0.0
     attacker: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -140,7 +145,8 @@ class Figures:
             f"{self.probes} within {PROBE_TIMEOUT_S:g}s (slowest {self.slowest_probe_s:.2f}s, failed "
             f"{self.probe_failures}), RSS "
             f"{self.rss_before_mib:.1f} -> max {self.rss_max_mib:.1f} MiB, PSS max {self.pss_max_mib:.1f} "
-            f"MiB; attacker {json.dumps(self.attacker)}"
+            f"MiB; leader CPU {self.leader_cpu_s:.1f}s, load average {self.load_average:.1f}; "
+            f"attacker {json.dumps(self.attacker)}"
         )
 
 
@@ -282,6 +288,14 @@ class MemorySampler:
         self.sample()
 
 
+def _cpu_s(pid: int) -> float:
+    """User plus system CPU time of a process so far (fields 14 and 15 of /proc/<pid>/stat)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return 0.0
+
+
 def _events_since(daemon: DaemonProcess, skip: int) -> list[str]:
     return [str(line.get("event")) for line in daemon.log_lines()[skip:]]
 
@@ -317,6 +331,7 @@ def measure_attack(target: Target, *, attack: str, seconds: float) -> Figures:
         monitor.wait_for_renewal(after=0.0, timeout_s=4 * timing.renew_interval_s + 5)
         log_marks = [len(daemon.log_lines()) for daemon in (leader, *target.others)]
         memory.start()
+        cpu_before = _cpu_s(leader.process.pid)
         prober = Prober(leader.port).start()
         began = time.time()
         attacker = subprocess.run(
@@ -324,6 +339,8 @@ def measure_attack(target: Target, *, attack: str, seconds: float) -> Figures:
             capture_output=True, timeout=seconds + 30, check=False,
         )  # fmt: skip
         ended = time.time()
+        figures.leader_cpu_s = _cpu_s(leader.process.pid) - cpu_before
+        figures.load_average = os.getloadavg()[0]
         prober.stop()
         # The first renewal after the attack closes the last gap (a lost lease never renews).
         with contextlib.suppress(AssertionError):
