@@ -14,7 +14,8 @@ its CPU use does not delay these measurements), this module watches:
 - the daemons' JSON logs: `stepped_down` / `released` lines of the leader, `acquired` lines of
   the others, written during the attack;
 - fresh `/healthz` probes, a new connection every `PROBE_PERIOD_S`, as a kubelet would send them:
-  answered 200 within `PROBE_TIMEOUT_S`, or not;
+  answered 200 within `PROBE_TIMEOUT_S`, or not (tests/faults/http_prober.py, a process of its
+  own too: the fault suite's proxies and watchers live in this one);
 - the leader's memory: VmRSS from /proc/<pid>/status and Pss from /proc/<pid>/smaps_rollup.
 
 The bounds are issue 22's: renewal gaps within the renew interval plus one request timeout (from
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import http.client
 import itertools
 import json
 import os
@@ -46,6 +46,7 @@ from elector.election import ElectionTiming
 from tests.support.daemon import DaemonProcess
 
 ATTACKER = Path(__file__).with_name("http_attacker.py")
+PROBER = Path(__file__).with_name("http_prober.py")
 PROBE_PERIOD_S = 0.05
 PROBE_TIMEOUT_S = 1.0
 PROBE_SHARE = 0.95
@@ -199,55 +200,6 @@ class LeaseMonitor:
         self._client.close()
 
 
-class Prober:
-    """A fresh-connection `GET /healthz` every `period_s`, each on a thread of its own."""
-
-    def __init__(self, port: int, *, period_s: float = PROBE_PERIOD_S) -> None:
-        self._port = port
-        self._period_s = period_s
-        #: (HTTP status, or the exception's name when there was none; seconds)
-        self.results: list[tuple[int | str, float]] = []
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
-        self._scheduler = threading.Thread(target=self._schedule, name="probe-scheduler", daemon=True)
-
-    def start(self) -> Prober:
-        self._scheduler.start()
-        return self
-
-    def _schedule(self) -> None:
-        next_at = time.monotonic()
-        while not self._stop.is_set():
-            thread = threading.Thread(target=self._probe, name="probe", daemon=True)
-            thread.start()
-            self._threads.append(thread)
-            next_at += self._period_s
-            self._stop.wait(max(0.0, next_at - time.monotonic()))
-
-    def _probe(self) -> None:
-        started = time.monotonic()
-        status: int | str = 0
-        connection = http.client.HTTPConnection("127.0.0.1", self._port, timeout=PROBE_TIMEOUT_S)
-        try:
-            connection.request("GET", "/healthz", headers={"Connection": "close"})
-            response = connection.getresponse()
-            response.read()
-            status = response.status
-        except (OSError, http.client.HTTPException) as exc:
-            status = type(exc).__name__
-        finally:
-            connection.close()
-        with self._lock:
-            self.results.append((status, time.monotonic() - started))
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._scheduler.join(timeout=5)
-        for thread in self._threads:
-            thread.join(timeout=PROBE_TIMEOUT_S + 1)
-
-
 def _status_kib(pid: int, path: str, field: str) -> float | None:
     with contextlib.suppress(OSError, ValueError):
         for line in Path(f"/proc/{pid}/{path}").read_text().splitlines():
@@ -313,6 +265,13 @@ def attacker_command(port: int, attack: str, seconds: float) -> list[str]:
     ]
 
 
+def prober_command(port: int, seconds: float) -> list[str]:
+    return [
+        *(sys.executable, str(PROBER), "--port", str(port), "--seconds", f"{seconds:g}"),
+        *("--period", f"{PROBE_PERIOD_S:g}", "--timeout", f"{PROBE_TIMEOUT_S:g}"),
+    ]
+
+
 def measure_attack(target: Target, *, attack: str, seconds: float) -> Figures:
     """Run one attack against `target.leader` for `seconds` and measure what it cost."""
     timing = target.timing
@@ -326,13 +285,14 @@ def measure_attack(target: Target, *, attack: str, seconds: float) -> Figures:
     monitor = LeaseMonitor(target.redis_url, target.lock).start()
     memory = MemorySampler(leader.process.pid)
     figures.rss_before_mib = memory.sample() / 1024
+    prober: subprocess.Popen[bytes] | None = None
     try:
         # One renewal before the attack: the first gap is counted from it.
         monitor.wait_for_renewal(after=0.0, timeout_s=4 * timing.renew_interval_s + 5)
         log_marks = [len(daemon.log_lines()) for daemon in (leader, *target.others)]
         memory.start()
         cpu_before = _cpu_s(leader.process.pid)
-        prober = Prober(leader.port).start()
+        prober = subprocess.Popen(prober_command(leader.port, seconds), stdout=subprocess.PIPE)
         began = time.time()
         attacker = subprocess.run(
             attacker_command(leader.port, attack, seconds),
@@ -341,13 +301,16 @@ def measure_attack(target: Target, *, attack: str, seconds: float) -> Figures:
         ended = time.time()
         figures.leader_cpu_s = _cpu_s(leader.process.pid) - cpu_before
         figures.load_average = os.getloadavg()[0]
-        prober.stop()
+        probed, _ = prober.communicate(timeout=seconds + 30)
         # The first renewal after the attack closes the last gap (a lost lease never renews).
         with contextlib.suppress(AssertionError):
             monitor.wait_for_renewal(after=ended, timeout_s=timing.ttl_s + 1)
         memory.stop()
     finally:
         monitor.stop()
+        if prober is not None and prober.poll() is None:  # only after an error above
+            prober.kill()
+            prober.wait()
     with redis.Redis.from_url(target.redis_url, socket_timeout=5.0) as client:
         figures.owner_kept = owner is not None and client.get(lease_key) == owner
     lines = attacker.stdout.decode(errors="replace").strip().splitlines()
@@ -373,12 +336,13 @@ def measure_attack(target: Target, *, attack: str, seconds: float) -> Figures:
     ]
     figures.step_downs = sum(event in _STEP_DOWN_EVENTS for event in events[0])
     figures.takeovers = sum(event == "acquired" for others in events[1:] for event in others)
-    figures.probes = len(prober.results)
-    figures.probes_in_time = sum(status == 200 and took <= PROBE_TIMEOUT_S for status, took in prober.results)
-    figures.slowest_probe_s = max((took for _, took in prober.results), default=0.0)
+    results = [(status, took) for status, took in json.loads(probed)["results"]]
+    figures.probes = len(results)
+    figures.probes_in_time = sum(status == 200 and took <= PROBE_TIMEOUT_S for status, took in results)
+    figures.slowest_probe_s = max((took for _, took in results), default=0.0)
     figures.probe_failures = dict(Counter(
         str(status) if took <= PROBE_TIMEOUT_S else f"{status} after {PROBE_TIMEOUT_S:g}s"
-        for status, took in prober.results if status != 200 or took > PROBE_TIMEOUT_S
+        for status, took in results if status != 200 or took > PROBE_TIMEOUT_S
     ))  # fmt: skip
     figures.rss_max_mib = memory.rss_max_kib / 1024
     figures.pss_max_mib = memory.pss_max_kib / 1024
