@@ -175,7 +175,7 @@ class LeaseMonitor:
             while True:
                 entry = monitor.next_command()
                 words = entry["command"].split(" ")
-                if words[:2] == ["ECHO", self._marker]:
+                if words[0].upper() == "ECHO" and words[1:2] == [self._marker]:
                     return
                 if len(words) >= 2 and words[1] == self._lease:
                     self.writes.append((float(entry["time"]), words[0].upper()))
