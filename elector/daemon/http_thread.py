@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from elector.daemon.http_server import Application, HttpServer, HttpSettings, HttpStats
@@ -38,6 +39,11 @@ from elector.election.outcome import ElectionStatus
 STOP_WAIT_S = 5.0
 #: How long `start` waits for the thread to bind its listeners.
 START_WAIT_S = 10.0
+#: The HTTP thread's CPU budget: at most this share of a core, measured over each window.
+HTTP_CPU_SHARE = 0.5
+CPU_WINDOW_S = 0.05
+#: The longest the governor idles the thread at once, seconds.
+MAX_IDLE_S = 0.1
 
 
 def as_of(status: ElectionStatus, now: float) -> ElectionStatus:
@@ -191,6 +197,30 @@ class HttpThread:
                     for listener, server in zip(self._listeners, servers, strict=True)
                 }
             )
-            await self._stop_requested.wait()
+            governor = asyncio.create_task(_govern_cpu(), name="http-cpu-governor")
+            try:
+                await self._stop_requested.wait()
+            finally:
+                governor.cancel()
         finally:
             await asyncio.gather(*(server.stop() for server in servers), return_exceptions=True)
+
+
+async def _govern_cpu() -> None:
+    """Keep the HTTP thread to HTTP_CPU_SHARE of a core: past its budget, it idles (a blocking
+    sleep of this thread, which releases the GIL) until its share is back under the budget.
+
+    A flood that keeps the HTTP thread busy would otherwise take half the process's CPU and
+    hold the GIL whenever the election wants it: on a loaded 2-core machine (load 25) a
+    pipelining flood made a renewal's answer wait past its request timeout and the leader
+    stepped down. Probes wait for the thread's next turn meanwhile, at most MAX_IDLE_S.
+    """
+    loop = asyncio.get_running_loop()
+    cpu, wall = time.thread_time(), loop.time()
+    while True:
+        await asyncio.sleep(CPU_WINDOW_S)
+        used, elapsed = time.thread_time() - cpu, loop.time() - wall
+        idle_s = min(MAX_IDLE_S, used / HTTP_CPU_SHARE - elapsed)
+        if idle_s > 0:
+            time.sleep(idle_s)  # noqa: ASYNC251 - deliberately blocking: this thread's own budget
+        cpu, wall = time.thread_time(), loop.time()
