@@ -36,6 +36,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -272,16 +273,31 @@ def prober_command(port: int, seconds: float) -> list[str]:
     ]
 
 
-def measure_attack(target: Target, *, attack: str, seconds: float) -> Figures:
-    """Run one attack against `target.leader` for `seconds` and measure what it cost."""
+class NotTheHolder(AssertionError):
+    """The daemon taken for the leader does not hold the lease on Redis (yet, or any more)."""
+
+
+def _holder(value: bytes | None) -> str | None:
+    try:
+        return str(json.loads(value)["identity"]) if value is not None else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def measure_attack(
+    target: Target, *, attack: str, seconds: float, on_start: Callable[[], object] | None = None
+) -> Figures:
+    """Run one attack against `target.leader` for `seconds` and measure what it cost.
+
+    Raises NotTheHolder, before any attack, if the lease on Redis is not the leader's (after
+    another fault a takeover may still be under way); `on_start` is called as the attack starts.
+    """
     timing = target.timing
     figures = Figures(attack=attack, seconds=seconds,
                       gap_bound_s=timing.renew_interval_s + timing.request_timeout_s)  # fmt: skip
     leader = target.leader
     assert leader.process is not None
     lease_key = LockKeys(target.lock).lease
-    with redis.Redis.from_url(target.redis_url, socket_timeout=5.0) as client:
-        owner = client.get(lease_key)
     monitor = LeaseMonitor(target.redis_url, target.lock).start()
     memory = MemorySampler(leader.process.pid)
     figures.rss_before_mib = memory.sample() / 1024
@@ -289,9 +305,17 @@ def measure_attack(target: Target, *, attack: str, seconds: float) -> Figures:
     try:
         # One renewal before the attack: the first gap is counted from it.
         monitor.wait_for_renewal(after=0.0, timeout_s=4 * timing.renew_interval_s + 5)
+        # From here on, any grant or release of the lease key is a lease lost.
+        owner_read = time.time()
+        with redis.Redis.from_url(target.redis_url, socket_timeout=5.0) as client:
+            owner = client.get(lease_key)
+        if _holder(owner) != leader.identity:
+            raise NotTheHolder(f"{leader.identity} does not hold the lease: {owner!r}")
         log_marks = [len(daemon.log_lines()) for daemon in (leader, *target.others)]
         memory.start()
         cpu_before = _cpu_s(leader.process.pid)
+        if on_start is not None:
+            on_start()
         prober = subprocess.Popen(prober_command(leader.port, seconds), stdout=subprocess.PIPE)
         began = time.time()
         attacker = subprocess.run(
@@ -330,7 +354,7 @@ def measure_attack(target: Target, *, attack: str, seconds: float) -> Figures:
     figures.renewals = len(during)
     figures.gaps_s = [b - a for a, b in itertools.pairwise(span)]
     figures.lease_writes = [f"{command}@{t - began:+.2f}s" for t, command in monitor.writes
-                            if command in _LOSING and t > began]  # fmt: skip
+                            if command in _LOSING and t > owner_read]  # fmt: skip
     events = [
         _events_since(daemon, mark) for daemon, mark in zip((leader, *target.others), log_marks, strict=True)
     ]
