@@ -318,6 +318,11 @@ RUN_OPTIONS = (
         help="Timeout of each Redis request. Default: half the renew interval, at most 1s.",
     ),
     HTTP_ADDRESS,
+    Option(
+        "compat_http_address",
+        help="host:port (conventionally :4040) of a listener answering GET / with "
+        '{"name": "<leader>"} as the retired leader-elector sidecar did. Default: off.',
+    ),
     LOG_FORMAT,
     LOG_LEVEL,
     Option(

@@ -17,10 +17,12 @@ import ipaddress
 import json
 import logging
 import re
+import time
 import zlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
 from elector.daemon.http_server import (
@@ -30,6 +32,7 @@ from elector.daemon.http_server import (
     HttpBindError,
     HttpServer,
     HttpSettings,
+    HttpStats,
     Request,
     Response,
     text_response,
@@ -44,9 +47,12 @@ __all__ = [
     "HttpBindError",
     "HttpServer",
     "HttpSettings",
+    "HttpStats",
+    "HttpStatsCollector",
     "Request",
     "Response",
     "json_response",
+    "make_compat_app",
     "make_http_app",
     "metrics_handler",
     "parse_http_address",
@@ -217,19 +223,25 @@ def make_http_app(
 
 
 def metrics_handler(registry: CollectorRegistry) -> Handler:
-    """/metrics, rendered (and compressed, when the scraper offers gzip) in a worker thread, one
-    scrape at a time.
+    """/metrics, rendered (and compressed, when the scraper offers gzip) in a worker thread of the
+    serving loop, one scrape at a time; scrapes that waited for a render share it.
 
     With 1,000 locks the exposition has 64,000 series (4.5 MB) and takes ~1 s of CPU to render;
-    prometheus_client's own handlers render it on the event loop, which would stall every
-    renewal for that second at each scrape. In a thread the loop keeps its turns (the GIL is
-    handed over every few ms), and the lock keeps a scanner from starting many such renders.
+    in the serving loop's own thread it would hold up the probes for that second. The daemon
+    serves from its HTTP thread (`elector.daemon.http_thread`), whose worker this is: neither
+    the election's loop nor its threads ever render. The lock keeps a scanner from starting many
+    renders; a scrape that arrived while one ran waits for the next, and those waiting together
+    share it (one body in memory, however many clients are slow to take it).
     """
     one_at_a_time = asyncio.Lock()
+    #: The last render: its (content type, coding), when it began (monotonic), and its body.
+    latest: list[tuple[tuple[str, str | None], float, bytes]] = []
 
     async def metrics(request: Request) -> Response:
+        asked_at = time.monotonic()
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
         coding = _content_coding(request.headers.get("accept-encoding", ""))
+        key = (content_type, coding)
 
         def render() -> bytes:
             body = encoder(registry)
@@ -239,13 +251,67 @@ def metrics_handler(registry: CollectorRegistry) -> Handler:
             return compressor.compress(body) + compressor.flush()
 
         async with one_at_a_time:
-            body = await asyncio.to_thread(render)
+            if latest and latest[0][0] == key and latest[0][1] >= asked_at:
+                body = latest[0][2]  # begun after this scrape arrived: as fresh as its own
+            else:
+                latest.clear()
+                began = time.monotonic()
+                body = await asyncio.to_thread(render)
+                latest.append((key, began, body))
         headers = [("Content-Type", content_type), ("Vary", "Accept-Encoding")]
         if coding is not None:
             headers.append(("Content-Encoding", coding))
         return Response(200, body, tuple(headers))
 
     return metrics
+
+
+def make_compat_app(*, status: StatusProvider) -> HttpApp:
+    """The retired Kubernetes contrib `leader-elector` sidecar's API, for apps that still ask it:
+    `GET /` answers `{"name": "<identity of the lock's holder>"}`, an empty name when none is
+    known (the holder as this replica last observed it, itself when it leads)."""
+
+    async def leader_name(request: Request) -> Response:
+        snapshot = status()
+        holder = snapshot.holder
+        expired = not snapshot.is_leader and snapshot.lease_remaining_s == 0
+        name = "" if holder is None or expired else holder.identity
+        return Response(200, json.dumps({"name": name}).encode(), (("Content-Type", "application/json"),))
+
+    return HttpApp({"/": leader_name})
+
+
+class HttpStatsCollector:
+    """The HTTP connection budget's figures (`HttpStats`) as metrics, read at scrape time."""
+
+    def __init__(self, stats: HttpStats) -> None:
+        self._stats = stats
+
+    def describe(self) -> Iterator[Metric]:
+        return self.collect()
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats
+        yield GaugeMetricFamily(
+            "elector_http_connections", "HTTP connections open now (probes, scrapes).", value=stats.open
+        )
+        yield GaugeMetricFamily(
+            "elector_http_connections_peak",
+            "The most HTTP connections open at once since the start; never above the connection cap.",
+            value=stats.peak,
+        )
+        yield CounterMetricFamily(
+            "elector_http_connections_shed",
+            "HTTP connections cut at the connection cap to make room for a new one (the one "
+            "waiting longest on its client).",
+            value=stats.shed,
+        )
+        yield CounterMetricFamily(
+            "elector_http_connections_deferred",
+            "New HTTP connections left waiting in the kernel's queue at the connection cap (every "
+            "open one was being answered or too fresh to cut).",
+            value=stats.deferred,
+        )
 
 
 def _content_coding(accept_encoding: str) -> str | None:

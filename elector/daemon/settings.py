@@ -137,6 +137,8 @@ class Settings:
     #: Where to keep the current state for sidecars; `{lock}` is replaced by the lock's name.
     leader_file: str | None = None
     exec: ExecSettings | None = None
+    #: The retired leader-elector sidecar's API (`GET /` -> {"name": holder}); None: off.
+    compat_http: HttpSettings | None = None
     #: --metrics-per-lock: auto, always or never (see `per_lock_metrics`).
     metrics_per_lock: str = "auto"
 
@@ -288,6 +290,7 @@ def build_settings(
     renew_deadline: float | None = None,
     request_timeout: float | None = None,
     http_address: str = "0.0.0.0:8080",
+    compat_http_address: str | None = None,
     log_format: str = "auto",
     log_level: str = "info",
     exit_on_loss: bool = False,
@@ -355,6 +358,7 @@ def build_settings(
         http = parse_http_address(http_address)
     except ValueError as exc:
         raise SettingsError("http_address", str(exc)) from None
+    compat_http = _compat_http(compat_http_address, http=http, locks=len(locks))
     try:
         logs = LogSettings(format=log_format, level=log_level)  # type: ignore[arg-type]
     except ValueError as exc:
@@ -385,7 +389,23 @@ def build_settings(
         leader_file=leader_file,
         exec=exec_settings,
         metrics_per_lock=metrics_per_lock,
+        compat_http=compat_http,
     )
+
+
+def _compat_http(address: str | None, *, http: HttpSettings, locks: int) -> HttpSettings | None:
+    if address is None or not address.strip():
+        return None
+    try:
+        compat = parse_http_address(address)
+    except ValueError as exc:
+        raise SettingsError("compat_http_address", str(exc)) from None
+    if locks != 1:
+        raise SettingsError("compat_http_address", f"answers for one lock; this daemon holds {locks}")
+    if compat.port != 0 and (compat.host, compat.port) == (http.host, http.port):
+        reason = f"is --http-address's own ({http.address}): pick another port"
+        raise SettingsError("compat_http_address", reason)
+    return compat
 
 
 #: The names of the settings of `elector run`.

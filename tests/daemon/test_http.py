@@ -13,6 +13,7 @@ from elector.daemon.http import (
     HttpBindError,
     HttpServer,
     HttpSettings,
+    make_compat_app,
     make_http_app,
     parse_http_address,
 )
@@ -329,3 +330,32 @@ def test_settings_reject_out_of_range_ports() -> None:
     with pytest.raises(ValueError, match="70000"):
         HttpSettings(port=70000)
     assert HttpSettings(host="::", port=80).address == "[::]:80"
+
+
+# --- the leader-elector compatibility listener ---------------------------------------------------
+
+
+@pytest.fixture
+async def compat(status: FakeStatus) -> AsyncIterator[Client]:
+    server = HttpServer(make_compat_app(status=status), settings=HttpSettings(host="127.0.0.1", port=0))
+    await server.start()
+    try:
+        async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{server.bound_port}") as client:
+            yield client
+    finally:
+        await server.stop()
+
+
+async def test_compat_listener_names_the_holder_as_leader_elector_did(
+    compat: Client, status: FakeStatus
+) -> None:
+    resp = await compat.get("/")
+    assert resp.status == 200 and resp.headers["Content-Type"] == "application/json"
+    assert await resp.json() == {"name": "pod-b"}  # the holder as observed, while following
+    status.lead()
+    assert await (await compat.get("/")).json() == {"name": "pod-a"}
+    status.set(state=State.FOLLOWER, is_leader=False, holder=None, lease_remaining_s=None)
+    assert await (await compat.get("/")).json() == {"name": ""}
+    status.set(holder=OTHER, lease_remaining_s=0.0)  # the holder's lease was seen to run out
+    assert await (await compat.get("/")).json() == {"name": ""}
+    assert (await compat.get("/healthz")).status == 404

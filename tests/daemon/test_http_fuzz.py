@@ -235,7 +235,28 @@ def _open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def _metric(text: str, name: str) -> float:
+    match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    assert match, f"no {name} in /metrics"
+    return float(match.group(1))
+
+
+def _probe(port: int) -> int:
+    """A fresh connection's GET /healthz: its status, 0 without an answer (timeout generous: the
+    machine may be loaded; what must hold is that the probe is answered at all)."""
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
+        head = sock.recv(64)
+        match = re.match(rb"HTTP/1\.1 (\d{3}) ", head)
+        return int(match.group(1)) if match else 0
+    return 0
+
+
 def test_slow_and_resetting_clients_neither_exhaust_descriptors_nor_stall_the_lease(lease: Lease) -> None:
+    """What must hold, not a sample of a transient count (issue 27): the connections served at
+    once never exceed the limit (the daemon's own high-water mark, exact, not sampled), fresh
+    probes are answered throughout, descriptors return to their baseline once the attack is
+    over, and the lease is never lost."""
     daemon = lease.daemon
     assert daemon.process is not None
     renewals_before = lease.renewals_ok()
@@ -255,33 +276,36 @@ def test_slow_and_resetting_clients_neither_exhaust_descriptors_nor_stall_the_le
 
     resetter = threading.Thread(target=resetters, daemon=True)
     resetter.start()
+    probes: list[int] = []
+    started = time.monotonic()
     try:
         # Twice the connection limit of slow clients, each sending one byte of a request a second.
         for _ in range(2 * DEFAULT_MAX_CONNECTIONS):
             with contextlib.suppress(OSError):
                 slow.append(socket.create_connection(("127.0.0.1", daemon.port), timeout=1))
         request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
-        peak_fds = fds_before
-        started = time.monotonic()
         for position in range(int(DEFAULT_IDLE_TIMEOUT_S) + 3):
             for sock in slow:
                 with contextlib.suppress(OSError):
                     sock.send(request[position : position + 1])
-            peak_fds = max(peak_fds, _open_fds(daemon.process.pid))
+            probes.append(_probe(daemon.port))
             time.sleep(max(0.0, started + position + 1 - time.monotonic()))
     finally:
         stop.set()
         resetter.join()
         for sock in slow:
             sock.close()
-    # The limit held: the 256 slow clients never got a descriptor each. The slack covers sockets
-    # accepted and not yet closed (the resetters', the refused ones') when a sample is taken.
-    assert peak_fds <= fds_before + DEFAULT_MAX_CONNECTIONS + 32, (fds_before, peak_fds)
-    # The slow clients were cut off after the idle timeout: the daemon answers again, at once.
-    wait_until(lambda: daemon.get("/healthz")[0] == 200, timeout_s=5)
-    wait_until(lambda: _open_fds(daemon.process.pid) <= fds_before + 4, timeout_s=DEFAULT_IDLE_TIMEOUT_S + 5)
-    # The election kept renewing the whole time (about one renewal per 0.9 s over ~8 s).
-    assert lease.renewals_ok() >= renewals_before + 4
+    attacked_s = time.monotonic() - started
+    # Probes got a slot among the slow clients (the one waiting longest is cut for a new one).
+    assert probes and all(status == 200 for status in probes), probes
+    metrics = daemon.metrics()
+    assert _metric(metrics, "elector_http_connections_peak") <= DEFAULT_MAX_CONNECTIONS
+    assert _metric(metrics, "elector_http_connections_shed_total") > 0  # the limit was reached
+    # Every descriptor the attack took is given back (slow clients end within the idle timeout).
+    wait_until(lambda: _open_fds(daemon.process.pid) <= fds_before, timeout_s=DEFAULT_IDLE_TIMEOUT_S + 10)
+    # The election kept renewing the whole time: a renewal per renew interval (0.9 s), less one
+    # for where the window falls, and more than a request timeout (0.45 s) late none of them.
+    assert lease.renewals_ok() >= renewals_before + int(attacked_s / (0.9 + 0.45)) - 1
     lease.assert_untouched()
 
 

@@ -165,29 +165,112 @@ async def test_a_silent_connection_is_closed_after_the_idle_timeout(registry: Co
         await server.stop()
 
 
-async def test_connections_over_the_limit_are_closed_at_once(registry: CollectorRegistry) -> None:
+async def test_at_the_cap_the_connection_waiting_longest_is_shed_for_the_new_one(
+    registry: CollectorRegistry,
+) -> None:
+    """A slowloris crowd cannot lock probes out: a new connection always gets a slot."""
     server = await serve(registry, max_connections=2)
     try:
-        held = [await connect(server) for _ in range(2)]
-        for raw in held:  # both registered and served
+        first, second = [await connect(server) for _ in range(2)]
+        for raw in (first, second):  # both registered; `first` has waited on its client longest
             assert (await exchange(raw, get("/echo")))[0] == 200
-        reader, writer = await connect(server)
-        assert await closed_by_server(reader, within_s=5)
-        writer.close()
-        held[0][1].close()
-        # A slot is free again, once the server has seen that close.
-        for _ in range(100):
-            raw = await connect(server)
-            try:
-                served = (await exchange(raw, get("/echo")))[0] == 200
-            except (asyncio.IncompleteReadError, ConnectionError):
-                served = False
+        newest = await connect(server)
+        assert (await exchange(newest, get("/echo")))[0] == 200
+        assert await closed_by_server(first[0], within_s=5)
+        assert (await exchange(second, get("/echo")))[0] == 200  # the younger one was kept
+        assert (server.stats.shed, server.stats.deferred, server.stats.peak) == (1, 0, 2)
+        for raw in (first, second, newest):
             raw[1].close()
-            if served:
-                break
-            await asyncio.sleep(0.05)
-        assert served
-        held[1][1].close()
+    finally:
+        await server.stop()
+
+
+async def test_at_the_cap_a_new_connection_waits_while_every_open_one_is_being_answered() -> None:
+    """Nothing is cut in the middle of its handler: the new connection waits in the kernel's
+    queue until a slot can be had, and is served then."""
+    release = asyncio.Event()
+    inside: list[Request] = []
+    both_inside = asyncio.Event()
+
+    async def slow(request: Request) -> Response:
+        inside.append(request)
+        if len(inside) == 2:
+            both_inside.set()
+        await release.wait()
+        return json_response({"slow": True})
+
+    server = HttpServer(
+        HttpApp({"/slow": slow, "/echo": echo}),
+        settings=HttpSettings(host="127.0.0.1", port=0, max_connections=2),
+    )
+    await server.start()
+    try:
+        busy = [await connect(server) for _ in range(2)]
+        for _, writer in busy:
+            writer.write(get("/slow"))
+        await asyncio.wait_for(both_inside.wait(), timeout=10)
+        waiting = await connect(server)
+        waiting[1].write(get("/echo"))
+        answer = asyncio.ensure_future(waiting[0].readuntil(b"\r\n\r\n"))
+        await asyncio.sleep(0.5)
+        assert not answer.done() and server.stats.deferred == 1 and server.stats.open == 2
+        release.set()
+        for raw in busy:
+            head = await asyncio.wait_for(raw[0].readuntil(b"\r\n\r\n"), timeout=5)
+            assert head.startswith(b"HTTP/1.1 200")
+        assert (await asyncio.wait_for(answer, timeout=5)).startswith(b"HTTP/1.1 200")
+        assert server.stats.peak == 2 and server.stats.shed == 1  # the longest idle made room
+        for raw in [*busy, waiting]:
+            raw[1].close()
+    finally:
+        await server.stop()
+
+
+async def test_a_fresh_connection_is_read_before_a_flood_of_newer_ones_can_push_it_out(
+    registry: CollectorRegistry,
+) -> None:
+    """A probe among a flood: each connection gets its first read before it may be cut."""
+    server = await serve(registry, max_connections=4)
+    try:
+        flood = [await connect(server) for _ in range(4)]
+        for raw in flood:
+            raw[1].write(b"GET /ec")  # heads under way, never finished: cut first
+        probe = await connect(server)
+        probe[1].write(get("/echo"))
+        more = [await connect(server) for _ in range(20)]  # silent: fresh, then cut after a grace
+        assert (await exchange(probe, b""))[0] == 200
+        assert server.stats.peak == 4 and server.stats.shed >= 4
+        for raw in [*flood, probe, *more]:
+            raw[1].close()
+    finally:
+        await server.stop()
+
+
+async def test_pipelined_requests_share_the_loop_with_other_connections(registry: CollectorRegistry) -> None:
+    """A connection whose requests are all buffered answers REQUESTS_PER_TURN, then lets others in
+    (before, it answered every buffered request without the loop ever turning)."""
+    served: list[str] = []
+
+    async def record(request: Request) -> Response:
+        served.append(request.query["who"][0])
+        return json_response({})
+
+    server = HttpServer(HttpApp({"/r": record}), settings=HttpSettings(host="127.0.0.1", port=0))
+    await server.start()
+    try:
+        hog, probe = await connect(server), await connect(server)
+        hog[1].write(get("/r?who=hog") * 2000)
+        await hog[1].drain()
+        probe[1].write(get("/r?who=probe"))
+        await probe[1].drain()
+        assert (await asyncio.wait_for(probe[0].readuntil(b"\r\n\r\n"), timeout=10)).startswith(
+            b"HTTP/1.1 200"
+        )
+        hog_after_probe = len(served) - 1 - served.index("probe")
+        # Some of the hog's requests were still waiting when the probe was answered.
+        assert served.count("hog") < 2000 or hog_after_probe > 0, served.index("probe")
+        for raw in (hog, probe):
+            raw[1].close()
     finally:
         await server.stop()
 

@@ -30,8 +30,13 @@ def test_one_daemon_holds_a_hundred_locks_with_its_own_series_endpoint_and_file_
     # ttl 3s, not the helpers' 1s: a hundred renewals per ttl on a machine loaded by the other
     # test workers must not miss their deadlines for this test to say anything about releases.
     a = daemon(
-        "a", "--locks-file", str(listing), "--leader-file", str(files / "{lock}.json"),
-        lock=LOCKS[0], ttl="3s",
+        "a",
+        "--locks-file",
+        str(listing),
+        "--leader-file",
+        str(files / "{lock}.json"),
+        lock=LOCKS[0],
+        ttl="3s",
     )
     wait_until(lambda: leading(a.metrics()) == set(LOCKS), timeout_s=15)
 
@@ -103,3 +108,29 @@ def test_a_higher_priority_candidate_takes_over_once_and_leadership_never_flaps(
     assert transitions == ["1.0"]
     reasons = re.findall(r'elector_step_downs_total\{lock="jobs",reason="preempted"\} (\S+)', low.metrics())
     assert reasons == ["1.0"]
+
+
+def _gauge(metrics_text: str, name: str) -> float | None:
+    match = re.search(rf"^{name} (\S+)$", metrics_text, re.M)
+    return None if match is None else float(match.group(1))
+
+
+def test_aggregate_metrics_of_many_locks_are_served_from_the_http_thread(
+    daemon, plain, tmp_path: Path
+) -> None:
+    """Above 100 locks the gauges are counts of locks, computed at scrape time from the snapshots
+    the elections publish (the HTTP thread never reads an election): they reach every lock."""
+    locks = [f"agg-{i:03d}" for i in range(150)]
+    for lock in locks:
+        seed_used_lock(plain, lock=lock)
+    listing = tmp_path / "locks.txt"
+    listing.write_text("\n".join(locks[1:]) + "\n")
+    a = daemon("a", "--locks-file", str(listing), lock=locks[0], ttl="3s")
+    wait_until(lambda: _gauge(a.metrics(), "elector_locks_leading") == len(locks), timeout_s=20)
+    text = a.metrics()
+    assert _gauge(text, "elector_locks") == len(locks) and _gauge(text, "elector_locks_redis_down") == 0
+    assert 'elector_is_leader{lock="agg-001"}' not in text  # aggregate: no per-lock series
+    assert a.get("/healthz")[0] == 200 and a.get("/readyz")[0] == 200
+    a.signal(signal.SIGTERM)
+    assert a.wait() == 0
+    assert not plain.keys("elector:{agg-*}:lease")  # every lease released

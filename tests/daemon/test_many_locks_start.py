@@ -1,18 +1,13 @@
-"""How a daemon of many locks starts them (`start_spacing_s`) and picks its metrics mode."""
+"""How a daemon of many locks starts and stops them (elector/daemon/many_locks.py) and picks its
+metrics mode."""
 
 from __future__ import annotations
 
 import asyncio
-import types
 
 import pytest
 
-from elector.daemon.service import (
-    MIN_START_SPACING_S,
-    STOP_BATCH,
-    Daemon,
-    start_spacing_s,
-)
+from elector.daemon.many_locks import MIN_START_SPACING_S, STOP_BATCH, BatchedStop, start_spacing_s
 from elector.daemon.settings import SettingsError, build_settings
 
 
@@ -63,13 +58,11 @@ def test_a_daemon_of_many_locks_stops_them_in_batches_in_order() -> None:
                 if len(stopped) == count:
                     all_stopped.set()
 
-        daemon = Daemon.__new__(Daemon)  # only what _stop_elections uses
-        daemon.locks = [types.SimpleNamespace(election=FakeElection(i)) for i in range(count)]  # type: ignore[misc]
-        daemon._stop_handle = None
-        daemon._stop_elections()
+        batched = BatchedStop([FakeElection(i) for i in range(count)])
+        batched.start()
         at_once = list(stopped)
         await asyncio.wait_for(all_stopped.wait(), timeout=30)
-        assert daemon._stop_handle is None
+        assert batched.handle is None
         return at_once
 
     assert asyncio.run(main()) == list(range(STOP_BATCH))

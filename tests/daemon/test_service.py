@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import datetime
 import json
 import re
 import signal
@@ -11,19 +12,22 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 from prometheus_client import CollectorRegistry
 
+from elector.daemon.http import HttpSettings
 from elector.daemon.leader_file_check import LeaderFileUnusable, judge_leader_file
 from elector.daemon.service import Daemon, LockElection
-from elector.daemon.settings import build_settings
+from elector.daemon.settings import SettingsError, build_settings
 from elector.election import ElectionTiming, StepDownReason
 from elector.metrics import MetricFamilies
-from elector.testing.redis_server import RedisServerProcess
+from elector.testing.redis_server import RedisServerProcess, free_tcp_port
 from tests.support.daemon import DaemonProcess, wait_until
 from tests.support.waiting import until
 
@@ -154,10 +158,14 @@ def test_a_follower_exits_at_once_on_sigterm(daemon, seeded) -> None:
     a = daemon("a")
     wait_until(a.is_leader, timeout_s=3)
     b = daemon("b")
-    started = time.monotonic()
     b.signal(signal.SIGTERM)
     assert b.wait() == 0
-    assert time.monotonic() - started < 1.0
+    # On the daemon's own clock, from the signal to its last line: a follower has nothing to
+    # release or wait for. (The process's exit as seen from here includes interpreter teardown,
+    # which took 1.2-2 s on a machine at load 19-24, before and after the HTTP thread.)
+    at = {line["event"]: datetime.datetime.fromisoformat(line["timestamp"]) for line in b.log_lines()}
+    took = at["stopped"] - at["shutting_down"]
+    assert took.total_seconds() < TTL_S, took
     assert a.is_leader()
 
 
@@ -472,3 +480,74 @@ async def test_a_leader_file_that_cannot_be_updated_holds_the_release_until_its_
         await daemon.redis.aclose(within_s=1.0)
     assert registry.get_sample_value("elector_release_withheld_total", {"lock": "jobs"}) == 0  # released
     assert json.loads(path.read_text())["state"] == "stopped"
+
+
+def _compat_name(port: int) -> str | None:
+    """What the leader-elector compatibility listener answers to GET /: the name, None if nothing."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as response:
+            return json.loads(response.read())["name"]  # type: ignore[no-any-return]
+    except OSError:
+        return None
+
+
+def test_the_compat_listener_answers_the_leaders_name_on_every_replica(
+    daemon, seeded, redis_url: str
+) -> None:
+    """`--compat-http-address` answers GET / with {"name": "<holder>"} as the retired leader-elector
+    sidecar did: the holder read from the lock (not only this replica's own role), on every
+    replica; it follows a handover; "" without a known holder."""
+    ports = {name: free_tcp_port() for name in ("a", "b")}
+    a = daemon("a", "--compat-http-address", f"127.0.0.1:{ports['a']}")
+    wait_until(a.is_leader, timeout_s=3)
+    b = daemon("b", env={"ELECTOR_COMPAT_HTTP_ADDRESS": f"127.0.0.1:{ports['b']}"})
+    wait_until(lambda: _compat_name(ports["b"]) == "a", timeout_s=3 * TTL_S)
+    assert _compat_name(ports["a"]) == "a"
+    a.signal(signal.SIGTERM)
+    wait_until(b.is_leader, timeout_s=3 * TTL_S)
+    wait_until(lambda: _compat_name(ports["b"]) == "b", timeout_s=TTL_S)
+    assert a.wait() == 0
+    assert any(line.get("compat_http") == f"127.0.0.1:{ports['b']}" for line in b.log_lines())
+    # No Redis: nobody is known to hold the lock.
+    lonely_port = free_tcp_port()
+    lonely = daemon(
+        "c", "--compat-http-address", f"127.0.0.1:{lonely_port}", redis_url="redis://127.0.0.1:1/0"
+    )
+    wait_until(lambda: lonely.get("/healthz")[0] == 200, timeout_s=5)  # its election runs
+    assert _compat_name(lonely_port) == ""
+
+
+def test_a_compat_address_clashing_with_the_http_address_is_refused(redis_url: str, tmp_path: Path) -> None:
+    process = DaemonProcess(redis_url=redis_url, identity="a", log_dir=tmp_path)
+    process.command += ["--compat-http-address", f"127.0.0.1:{process.port}"]
+    process.start()
+    assert process.wait() == 2
+    assert "--compat-http-address" in process.logs_text()
+
+
+@pytest.mark.parametrize(
+    ("changes", "fragment"),
+    [
+        ({"compat_http_address": "4040"}, "has no port"),
+        ({"compat_http_address": ":4040", "lock": ("a", "b")}, "answers for one lock; this daemon holds 2"),
+        ({"compat_http_address": "0.0.0.0:8080"}, "--http-address's own"),
+    ],
+)
+def test_a_bad_compat_address_is_refused_with_its_reason(changes: dict[str, Any], fragment: str) -> None:
+    settings: dict[str, Any] = {
+        "lock": "jobs",
+        "identity": "a",
+        "redis_url": "redis://127.0.0.1:1/0",
+        **changes,
+    }
+    with pytest.raises(SettingsError, match=fragment) as caught:
+        build_settings(**settings)
+    assert caught.value.setting == "--compat-http-address"
+
+
+def test_the_compat_listener_is_off_by_default() -> None:
+    settings = build_settings(lock="jobs", identity="a", redis_url="redis://127.0.0.1:1/0")
+    assert settings.compat_http is None
+    assert build_settings(
+        lock="jobs", identity="a", redis_url="redis://127.0.0.1:1/0", compat_http_address=":4040"
+    ).compat_http == HttpSettings(host="0.0.0.0", port=4040)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from .harness import Cluster
+from .http_faults import http_sweep_s
 
 #: The summary tables of the mixes that ran, printed at the end of the session.
 SUMMARIES = pytest.StashKey[list[str]]()
@@ -26,10 +27,12 @@ def _mix_s(config: pytest.Config) -> float:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The mix's time limit follows its length: the faults, plus start-up, recovery and the stop."""
+    """The mix's time limit follows its length: the faults, plus start-up, recovery, the soak's sweep
+    of HTTP attacks and the stop."""
     for item in items:
         if item.nodeid.startswith("tests/faults/test_mix.py"):
-            item.add_marker(pytest.mark.timeout(_mix_s(config) + 120))
+            sweep_s = http_sweep_s(config.getoption("--faults-profile"))
+            item.add_marker(pytest.mark.timeout(_mix_s(config) + 120 + sweep_s))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:

@@ -20,6 +20,7 @@ from . import faults
 from .checker import check
 from .conftest import SUMMARIES, Profile
 from .harness import Cluster
+from .http_faults import HTTP_ATTACK, HttpAttacks
 from .summary import format_summary
 
 pytestmark = [pytest.mark.integration]
@@ -49,6 +50,7 @@ WEIGHTS = {
     "block_loop": 2,
     "kill_keeper": 2,
     "kill_keeper_pause_daemon": 2,
+    HTTP_ATTACK: 2,  # the leader must ride it out (tests/faults/http_faults.py)
 }
 
 #: With Sentinel the daemons talk to the sentinels directly: no proxy, so no link faults.
@@ -127,18 +129,25 @@ def test_random_mix_of_faults_never_gives_two_leaders(
         )
         deadline = time.monotonic() + mix_s
         orphans: list[tuple[str, list[int]]] = []
+        attacks = HttpAttacks.for_profile(profile.name)
         while time.monotonic() < deadline:
             while len(cluster.nodes) < cluster.size:  # the pod comes back, under a new name
                 cluster.add_node()
             cluster.wait_for_leader(timeout_s=10 + 4 * cluster.ttl_s)
             time.sleep(rng.uniform(0.2, 1.0) * cluster.ttl_s)
-            injected = inject(cluster, rng.choices(kinds, weights)[0], rng)
+            kind = rng.choices(kinds, weights)[0]
+            if kind == HTTP_ATTACK:
+                attacks.inject(cluster)
+                continue
+            injected = inject(cluster, kind, rng)
             if injected is not None:
                 # Once another command runs, the faulted term's lease is over: nothing of its
                 # command may run any more.
                 cluster.wait_for_leader(timeout_s=10 + 4 * cluster.ttl_s, not_pid=injected.child_pid)
                 if left := faults.orphans(injected):
                     orphans.append((injected.kind, left))
+        if profile.name == "soak" and backend == "plain":
+            attacks.run_missing(cluster)  # every HTTP attack, each for 10 s, during the soak
         cluster.wait_for_leader(timeout_s=10 + 4 * cluster.ttl_s)
         cluster.stop()
     report = check(directory)
@@ -147,10 +156,12 @@ def test_random_mix_of_faults_never_gives_two_leaders(
         f"ttl {profile.ttl_s}s, seed {seed}, {time.monotonic() - started:.0f}s wall)"
     )
     table = format_summary(report, title=title) + f"\n{'orphans after daemon-only faults':<35}{len(orphans)}"
+    table += f"\n{attacks.summary()}"
     (directory / "summary.txt").write_text(table + "\n")
     request.config.stash.setdefault(SUMMARIES, []).append(table)
     assert report.violations == 0, f"{table}\n{report.explain()}"
     assert orphans == [], f"{table}\nprocesses of a command outlived its lease: {orphans}"
+    assert attacks.lease_problems() == [], f"{table}\nthe leader lost to HTTP: {attacks.lease_problems()}"
     # How many faults fit in the mix depends on how fast the machine recovers from each one; the
     # checker must have seen at least one (the loop always injects one before its deadline).
     assert report.faults, table

@@ -1,0 +1,108 @@
+"""How a daemon of many locks starts them, stops them and keeps the garbage collector out of
+their way: one `Election` each on one event loop, up to 10,000 of them (docs/benchmarks.md).
+
+- start: `start_spacing_s` spreads the first tries so that acquisitions, and hence renewals,
+  never fall due together;
+- stop: `BatchedStop` releases them a batch at a time;
+- GC: `freeze_long_lived` moves what start-up built out of the collector's sight, then sets
+  thresholds that leave the transient objects of a pipeline's batch alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import gc
+from collections.abc import Sequence
+from typing import Protocol
+
+#: A daemon of many locks starts one lock at most this often (seconds): each start subscribes,
+#: acquires and logs a line, ~0.3 ms of CPU, so that 10,000 locks started within one renew
+#: interval would take the whole core and time their own requests out.
+MIN_START_SPACING_S = 0.001
+
+
+def start_spacing_s(locks: int, *, ttl_s: float, renew_interval_s: float) -> float:
+    """Seconds between the starts of two locks of a daemon (0 for a single lock, which starts at once).
+
+    The first tries are spread evenly over one renew interval, so that neither the acquisitions
+    nor (hence) the renewals of a thousand locks fall due together; beyond a renew interval's
+    worth of locks at MIN_START_SPACING_S, over up to one ttl (start-up to all acquired then
+    stays within 2 ttl even for brand-new locks, which wait a ttl by design).
+    """
+    if locks <= 1:
+        return 0.0
+    return min(ttl_s, max(renew_interval_s, locks * MIN_START_SPACING_S)) / locks
+
+
+#: A daemon of many locks stops (releases) this many locks at once, one batch per STOP_BATCH_INTERVAL_S
+#: (one release pipeline each): 10,000 locks stop within 4 s, well within a pod's grace period.
+STOP_BATCH = 50
+STOP_BATCH_INTERVAL_S = 0.02
+
+class _Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+class BatchedStop:
+    """Stops elections (each then releases its lease) STOP_BATCH at a time, one batch per
+    STOP_BATCH_INTERVAL_S: 10,000 releases and step-down lines at once took the core for seconds
+    and most releases timed out (release_failed, leases left to expire)."""
+
+    def __init__(self, elections: Sequence[_Stoppable]) -> None:
+        self._elections = elections
+        #: The next batch's timer, while a stop of many locks is under way.
+        self.handle: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        """Stop the first batch now, the others after it (on the running loop)."""
+        self._stop_from(0)
+
+    def cancel(self) -> None:
+        """Stop no further batches (a second signal: the run is being cut short)."""
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+    def _stop_from(self, start: int) -> None:
+        self.handle = None
+        for election in self._elections[start : start + STOP_BATCH]:
+            election.stop()
+        if start + STOP_BATCH < len(self._elections):
+            self.handle = asyncio.get_running_loop().call_later(
+                STOP_BATCH_INTERVAL_S, self._stop_from, start + STOP_BATCH
+            )
+
+
+#: The collector's thresholds in a daemon of many locks (CPython's default: 700, 10, 10). A young
+#: collection runs when the tracked objects allocated less those freed pass the first figure; a
+#: batch of a few hundred replies transiently holds thousands of objects (futures, handles, reply
+#: lists) that die a moment later, so at 700 the collector ran ~40 times a second at 10,000 locks,
+#: promoted those transients and, every few seconds, walked every object alive in a full
+#: collection (~150-600 ms: the renew p99). At 20,000 only objects that outlive their batch count
+#: (the cyclic garbage of errors, new long-lived state): a young collection a minute at 10,000
+#: locks, a full one seldom. What that garbage can pile up to is bounded by the same 20,000 objects.
+MANY_LOCKS_GC_THRESHOLDS = (20_000, 20, 10)
+
+#: How often `freeze_long_lived` moves what start-up made out of the collector's sight, seconds.
+FREEZE_PERIOD_S = 0.5
+
+
+def freeze_long_lived(*, until: float) -> None:
+    """Move every object tracked by the garbage collector into its permanent generation (gc.freeze),
+    now and every FREEZE_PERIOD_S until loop time `until`.
+
+    The elections, their tasks, subscriptions and metrics live as long as the daemon. Left to the
+    collector, every full collection walks them all: at 5,000 locks each took ~0.4 s while the
+    locks were starting (a full collection comes every second or two then), which was the whole
+    renew p99 of the first minute. Frozen, they are never walked again; what start-up left as
+    cyclic garbage at a freeze (little: no exception escapes a healthy cycle) is kept for good.
+    """
+    gc.freeze()
+    loop = asyncio.get_running_loop()
+    if loop.time() < until:
+        loop.call_later(FREEZE_PERIOD_S, functools.partial(freeze_long_lived, until=until))
+    else:  # start-up is over: steady running from here on (see MANY_LOCKS_GC_THRESHOLDS)
+        gc.set_threshold(*MANY_LOCKS_GC_THRESHOLDS)
+
+
