@@ -1,0 +1,220 @@
+"""What the sidecar may not do to the pod it joins, and the conventions platform teams expect of the three
+charts (issue 23): readiness that never couples the app to Redis, locks scoped by namespace, an `enabled`
+switch, a sidecar port that is not 8080 and never clashes, security-context fields a null removes.
+
+Rendered by the real Helm engine: helm/elector (conftest's `render`), the library in a parent chart under
+an alias (test_parent_chart's `build_parent`), and helm/elector-operator. The real-daemon half of the
+readiness promise is in test_chart_contract.py (a Redis outage of 3 ttl, the leader Service on a pair).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from helm_python.chart import Chart
+from helm_python.errors import HelmRenderError
+
+from tests.helm.operator_support import render_operator
+from tests.helm.test_parent_chart import build_parent, containers, deployments, env_of
+
+Render = Callable[..., list[dict[str, Any]]]
+RenderChart = Callable[..., list[dict[str, Any]]]
+NEWEST_KUBE = kubernetes_validate.utils.latest_version()
+
+
+def pod_of(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+
+
+def sidecar_of(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(c for c in pod_of(docs)["containers"] if c["name"] == "elector")
+
+
+# --- 1. readiness never couples the app to Redis ---------------------------------------------------
+
+
+def test_default_readiness_is_the_daemon_not_redis(render: Render) -> None:
+    """/readyz fails about one ttl into a Redis outage, and a pod is ready only when all its containers
+    are: the default must be /healthz (the daemon serves, its election loop runs)."""
+    probe = sidecar_of(render({}))["readinessProbe"]
+    assert probe["httpGet"] == {"path": "/healthz", "port": "elector-http"}
+
+
+@pytest.mark.parametrize(
+    ("elector", "path"),
+    [
+        ({"gateOnRedis": True}, "/readyz"),
+        ({"gateOnLeadership": True}, "/leader"),
+    ],
+)
+def test_coupling_readiness_is_an_explicit_choice(render: Render, elector: dict[str, Any], path: str) -> None:
+    values = {"elector": elector, "podDisruptionBudget": {"enabled": False}}
+    assert sidecar_of(render(values))["readinessProbe"]["httpGet"]["path"] == path
+
+
+def test_both_gates_at_once_are_refused(render: Render) -> None:
+    values = {"elector": {"gateOnRedis": True, "gateOnLeadership": True}, "podDisruptionBudget": {"enabled": False}}
+    with pytest.raises(HelmRenderError, match="gateOnLeadership and gateOnRedis are both true"):
+        render(values)
+
+
+def test_the_readiness_probe_can_be_turned_off(render: Render) -> None:
+    assert "readinessProbe" not in sidecar_of(render({"elector": {"readinessProbe": {"enabled": False}}}))
+
+
+def test_the_cost_is_written_beside_each_gate(chart_dir: Path, library_dir: Path) -> None:
+    for text in (
+        (chart_dir / "values.yaml").read_text(),
+        (library_dir / "templates" / "_defaults.tpl").read_text(),
+    ):
+        for gate in ("gateOnRedis", "gateOnLeadership"):
+            comment = text[: text.index(f"{gate}: false")].rsplit(":", 1)[0][-900:]
+            assert "COST" in comment, gate
+
+
+@pytest.mark.parametrize(
+    ("elector", "shown"),
+    [({}, "GET /healthz"), ({"gateOnRedis": True}, "EVERY replica leaves its Services")],
+)
+def test_notes_say_what_readiness_means(
+    chart: Chart, render_notes: Callable[..., str], elector: dict[str, Any], shown: str
+) -> None:
+    notes = render_notes(chart, {"elector": elector})
+    assert shown in notes
+    assert "described above" not in notes
+
+
+# --- 2. locks scoped by namespace -----------------------------------------------------------------
+
+
+def test_the_default_lock_differs_between_namespaces(chart: Chart, render_chart: RenderChart) -> None:
+    locks = {
+        namespace: env_of(sidecar_of(render_chart(chart, {}, name="shop", namespace=namespace)))["ELECTOR_LOCK"]
+        for namespace in ("shop-staging", "shop-prod")
+    }
+    assert locks == {"shop-staging": "shop-staging/shop-elector", "shop-prod": "shop-prod/shop-elector"}
+
+
+def test_the_longest_default_lock_is_a_lock_name_the_daemon_takes(chart: Chart, render_chart: RenderChart) -> None:
+    from elector.lease import check_lock_name
+
+    namespace, fullname = "n" * 63, "f" * 63  # a namespace and a full name are DNS labels: 63 at most
+    values = {"leaderElection": {"enabled": True}, "fullnameOverride": fullname}
+    docs = render_chart(chart, values, namespace=namespace)
+    lock = env_of(sidecar_of(docs))["ELECTOR_LOCK"]
+    assert lock == f"{namespace}/{fullname}" and len(lock) == 127
+    assert check_lock_name(lock) == lock
+    (election,) = [d for d in docs if d["kind"] == "LeaderElection"]
+    assert election["spec"]["lock"] == lock  # the operator watches the sidecars' own lock
+
+
+def test_a_named_lock_is_shared_on_purpose_and_may_be_a_template(chart: Chart, render_chart: RenderChart) -> None:
+    for namespace in ("shop-staging", "shop-prod"):
+        docs = render_chart(chart, {"elector": {"lock": "orders"}}, namespace=namespace)
+        assert env_of(sidecar_of(docs))["ELECTOR_LOCK"] == "orders"
+    docs = render_chart(chart, {"elector": {"lock": "{{ .Release.Namespace }}-orders"}}, namespace="shop-prod")
+    assert env_of(sidecar_of(docs))["ELECTOR_LOCK"] == "shop-prod-orders"
+
+
+@pytest.mark.parametrize("lock", ["{{ if false }}x{{ end }}", "   ", "{{ .Values.nothing }}"])
+def test_a_lock_empty_after_templating_is_refused(render: Render, lock: str) -> None:
+    with pytest.raises(HelmRenderError, match="lock is empty after templating"):
+        render({"elector": {"lock": lock}})
+
+
+def test_a_lock_the_daemon_refuses_is_refused_at_render_time(render: Render) -> None:
+    with pytest.raises(HelmRenderError, match="is not a lock name"):
+        render({"elector": {"lock": "-orders"}})
+
+
+def test_notes_print_the_lock(chart: Chart, render_notes: Callable[..., str]) -> None:
+    assert "Lock: apps/demo-elector" in render_notes(chart, {})
+
+
+def test_the_library_scopes_a_parent_charts_lock_too(
+    tmp_path: Path, library_dir: Path, render_chart: RenderChart
+) -> None:
+    parent = Chart.load(build_parent(tmp_path, library_dir))
+    docs = render_chart(parent, {"leader": {"lock": ""}}, name="shop", namespace="shop-prod")
+    assert env_of(containers(deployments(docs)["billing"])["elector"])["ELECTOR_LOCK"] == "shop-prod/shop-billing"
+
+
+# --- 3. platform conventions ----------------------------------------------------------------------
+
+
+def test_helm_elector_enabled_false_renders_nothing(render: Render) -> None:
+    assert render({"enabled": False, "serviceMonitor": {"enabled": True, "force": True}}) == []
+
+
+def test_helm_elector_operator_enabled_false_renders_nothing() -> None:
+    assert render_operator({"enabled": False}) == []
+
+
+def test_the_library_takes_the_usual_enabled_switch(
+    tmp_path: Path, library_dir: Path, render_chart: RenderChart
+) -> None:
+    """`--set leader.enabled=false` used to fail with "unknown value enabled"; now the sidecar's templates
+    render nothing and the parent's pod is its own again."""
+    parent = Chart.load(build_parent(tmp_path, library_dir))
+    docs = render_chart(parent, {"leader": {"enabled": False}}, name="billing")
+    for deployment in deployments(docs).values():
+        pod = deployment["spec"]["template"]["spec"]
+        assert [c["name"] for c in pod["containers"]] == ["app"]
+        assert "env" not in pod["containers"][0] or not pod["containers"][0]["env"]
+        kubernetes_validate.validate(deployment, NEWEST_KUBE, strict=True)
+
+
+def test_the_sidecar_port_is_not_8080(render: Render, library_dir: Path) -> None:
+    (port,) = sidecar_of(render({}))["ports"]
+    assert port["name"] == "elector-http" and port["containerPort"] != 8080
+    defaults = (library_dir / "templates" / "_defaults.tpl").read_text()
+    assert f"\nport: {port['containerPort']}\n" in defaults
+
+
+@pytest.mark.parametrize(
+    "workload",
+    [
+        {"ports": [{"name": "http", "containerPort": 9809, "protocol": "TCP"}]},
+        {"initContainers": [{"name": "proxy", "image": "x", "ports": [{"containerPort": 9809}]}]},
+    ],
+)
+def test_a_port_clash_inside_the_pod_is_a_render_error(render: Render, workload: dict[str, Any]) -> None:
+    with pytest.raises(HelmRenderError, match="port 9809 is also a port of another container of the pod"):
+        render({"workload": workload})
+
+
+def test_a_moved_sidecar_port_no_longer_clashes(render: Render) -> None:
+    docs = render({"workload": {"ports": [{"name": "http", "containerPort": 9809}]}, "elector": {"port": 9810}})
+    assert sidecar_of(docs)["ports"][0]["containerPort"] == 9810
+
+
+def test_the_compat_port_is_checked_too(render: Render) -> None:
+    with pytest.raises(HelmRenderError, match="port 4040 is also a port"):
+        render(
+            {
+                "workload": {"ports": [{"name": "http", "containerPort": 4040}]},
+                "elector": {"leaderElectorCompat": {"enabled": True}},
+            }
+        )
+
+
+@pytest.mark.parametrize("field", ["runAsUser", "runAsGroup", "seccompProfile", "capabilities"])
+def test_a_null_security_context_field_is_left_out(render: Render, field: str) -> None:
+    """OpenShift's restricted SCC assigns a UID from the namespace's range: runAsUser must be removable.
+    Before, the library put every default field back."""
+    context = sidecar_of(render({"elector": {"securityContext": {field: None}}}))["securityContext"]
+    assert field not in context
+    assert context["runAsNonRoot"] is True and context["allowPrivilegeEscalation"] is False
+
+
+def test_a_null_security_context_field_is_left_out_in_a_parent_chart(
+    tmp_path: Path, library_dir: Path, render_chart: RenderChart
+) -> None:
+    parent = Chart.load(build_parent(tmp_path, library_dir))
+    docs = render_chart(parent, {"leader": {"securityContext": {"runAsUser": None}}}, name="billing")
+    context = containers(deployments(docs)["billing"])["elector"]["securityContext"]
+    assert "runAsUser" not in context and context["runAsNonRoot"] is True
