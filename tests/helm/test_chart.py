@@ -188,7 +188,7 @@ def test_ci_values_lint_and_validate(
 
 def test_defaults_render_workload_objects(render: Render) -> None:
     docs = render({})
-    assert kinds(docs) == ["Deployment", "PodDisruptionBudget", "Service", "Service", "ServiceAccount"]
+    assert kinds(docs) == ["Deployment", "Pod", "PodDisruptionBudget", "Service", "Service", "ServiceAccount"]
     deployment = find(docs, "Deployment", "demo-elector")
     assert deployment["metadata"]["namespace"] == NAMESPACE
     assert deployment["spec"]["replicas"] == 3
@@ -496,7 +496,7 @@ def test_workload_disabled_renders_no_workload_objects(render: Render) -> None:
 
 def test_names_and_labels(render: Render) -> None:
     docs = render({"fullnameOverride": "jobs", "commonLabels": {"team": "platform"}})
-    assert {d["metadata"]["name"] for d in docs} == {"jobs", "jobs-leader", "jobs-metrics"}
+    assert {d["metadata"]["name"] for d in docs} == {"jobs", "jobs-leader", "jobs-metrics", "jobs-test"}
     for doc in docs:
         labels = doc["metadata"]["labels"]
         assert labels["team"] == "platform"

@@ -325,6 +325,48 @@ def test_the_leader_service_follows_the_leader_on_a_real_pair(
 
 
 @pytest.mark.integration
+def test_the_helm_test_hook_passes_on_a_healthy_pair_and_fails_without_a_leader(
+    render: Render, redis_server: RedisServerProcess, start_sidecar: Any
+) -> None:
+    """`helm test`'s Pod runs its rendered script against two real sidecars (their addresses instead of
+    the metrics Service's DNS): ok with one leader and one follower; a failure naming the problem when
+    Redis is gone (no replica leads)."""
+    docs = render({"elector": {"ttl": "2s"}, "workload": {"replicaCount": 2}})
+    (pod,) = [d for d in docs if d["kind"] == "Pod"]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    (check,) = pod["spec"]["containers"]
+    assert check["command"] == ["python3", "-c"]
+    env = {e["name"]: e["value"] for e in check["env"]}
+    assert env["SERVICE"] == "demo-elector-metrics.apps.svc" and env["REPLICAS"] == "2"
+    container = sidecar(docs)
+    lock = {e["name"]: e.get("value") for e in container["env"]}["ELECTOR_LOCK"]
+    seed_used_lock(redis.Redis.from_url(redis_server.url), lock)
+    pods = [start_sidecar(container, f"demo-elector-{index}") for index in range(2)]
+    for member in pods:
+        member.wait_for("/readyz", 200, timeout_s=30)
+
+    def run_check(deadline_s: int) -> subprocess.CompletedProcess[str]:
+        addresses = ",".join(f"127.0.0.1:{member.port}" for member in pods)
+        return subprocess.run(
+            [sys.executable, "-c", check["args"][0]],
+            env={"PATH": os.environ["PATH"]} | env | {"ADDRESSES": addresses, "DEADLINE_SECONDS": str(deadline_s)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    passed = run_check(30)
+    assert passed.returncode == 0, passed.stderr
+    assert "exactly one leads" in passed.stdout
+    redis_server.kill()
+    for member in pods:
+        member.wait_for("/leader", 503, timeout_s=30)
+    failed = run_check(2)
+    assert failed.returncode == 1
+    assert "0 replicas report leading, expected exactly 1" in failed.stderr
+
+
+@pytest.mark.integration
 def test_rendered_leader_file_and_priority_reach_the_daemon(
     render: Render, redis_url: str, start_sidecar: Any, tmp_path: Path
 ) -> None:

@@ -18,7 +18,7 @@ import pytest
 from helm_python.chart import Chart
 from helm_python.errors import HelmRenderError
 
-from tests.helm.operator_support import render_operator
+from tests.helm.operator_support import is_hook, render_operator
 from tests.helm.test_parent_chart import build_parent, containers, deployments, env_of
 
 Render = Callable[..., list[dict[str, Any]]]
@@ -218,3 +218,81 @@ def test_a_null_security_context_field_is_left_out_in_a_parent_chart(
     docs = render_chart(parent, {"leader": {"securityContext": {"runAsUser": None}}}, name="billing")
     context = containers(deployments(docs)["billing"])["elector"]["securityContext"]
     assert "runAsUser" not in context and context["runAsNonRoot"] is True
+
+
+# --- 3. the operator chart has what the workload chart has ----------------------------------------
+
+
+def operator_pod(values: dict[str, Any]) -> dict[str, Any]:
+    docs = render_operator(values)
+    return next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+
+
+def test_operator_rbac_create_false_renders_no_rbac() -> None:
+    """The operator's own RBAC goes; the pre-delete hook's (a hook with its own ServiceAccount, only for
+    the length of `helm uninstall`) stays: preDeleteHook.enabled false drops it."""
+    kinds = {d["kind"] for d in render_operator({"rbac": {"create": False}}) if not is_hook(d)}
+    assert not kinds & {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+    assert {"Role", "RoleBinding"} <= {d["kind"] for d in render_operator({})}
+
+
+@pytest.mark.parametrize(
+    ("image", "global_registry", "expected"),
+    [
+        ({}, "", "ghcr.io/elector-dev/elector:0.1.0"),
+        ({"registry": "mirror.example.com"}, "", "mirror.example.com/elector-dev/elector:0.1.0"),
+        ({}, "proxy.example.com", "proxy.example.com/elector-dev/elector:0.1.0"),
+        # chart 0.1.0's repository named its registry: it still pulls from there
+        ({"repository": "ghcr.io/elector-dev/elector"}, "", "ghcr.io/elector-dev/elector:0.1.0"),
+        ({"repository": "ghcr.io/elector-dev/elector"}, "proxy.example.com", "proxy.example.com/elector-dev/elector:0.1.0"),
+    ],
+)
+def test_operator_image_registry(image: dict[str, Any], global_registry: str, expected: str) -> None:
+    values = {"image": image, "global": {"imageRegistry": global_registry}}
+    assert operator_pod(values)["containers"][0]["image"] == expected
+
+
+def test_operator_pull_secrets_take_plain_strings_like_helm_elector() -> None:
+    values = {"imagePullSecrets": ["ghcr", {"name": "mirror"}], "global": {"imagePullSecrets": ["ghcr"]}}
+    assert operator_pod(values)["imagePullSecrets"] == [{"name": "ghcr"}, {"name": "mirror"}]
+
+
+def test_operator_probes_are_configurable() -> None:
+    values = {"livenessProbe": {"periodSeconds": 30, "failureThreshold": 5}, "readinessProbe": {"timeoutSeconds": 4}}
+    (container,) = operator_pod(values)["containers"]
+    assert container["livenessProbe"]["periodSeconds"] == 30 and container["livenessProbe"]["failureThreshold"] == 5
+    assert container["readinessProbe"]["timeoutSeconds"] == 4
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+
+
+@pytest.mark.parametrize("chart_name", ["elector", "elector-operator", "elector-sidecar"])
+def test_every_chart_has_the_metadata_platforms_expect(chart_name: str) -> None:
+    import yaml
+
+    helm_dir = Path(__file__).resolve().parents[2] / "helm"
+    chart_dir = helm_dir / chart_name
+    assert (chart_dir / ".helmignore").is_file()
+    meta = yaml.safe_load((chart_dir / "Chart.yaml").read_text())
+    assert meta["home"].startswith("https://")
+    assert meta["icon"].endswith("/helm/icon.svg") and (helm_dir / "icon.svg").is_file()
+    assert meta["maintainers"] and all(m["name"] for m in meta["maintainers"])
+    annotations = meta["annotations"]
+    assert annotations["artifacthub.io/license"] == "MIT"
+    changes = yaml.safe_load(annotations["artifacthub.io/changes"])
+    assert changes and all(c["kind"] in {"added", "changed", "deprecated", "removed", "fixed", "security"} for c in changes)
+    images = yaml.safe_load(annotations["artifacthub.io/images"])
+    assert {"name": "elector", "image": f"ghcr.io/elector-dev/elector:{meta['appVersion']}"} in images
+
+
+def test_the_helm_test_hook_is_a_test_pod_no_workload_object_selects(render: Render) -> None:
+    docs = render({})
+    (pod,) = [d for d in docs if d["kind"] == "Pod"]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    labels = pod["metadata"]["labels"]
+    for doc in docs:
+        selector = (doc.get("spec") or {}).get("selector") or {}
+        selector = selector.get("matchLabels", selector) if isinstance(selector, dict) else {}
+        if doc is not pod and selector:
+            assert not selector.items() <= labels.items(), f"{doc['kind']} {doc['metadata']['name']} selects the test Pod"
+    kubernetes_validate.validate(pod, NEWEST_KUBE, strict=True)
+    assert render({"helmTest": {"enabled": False}}) == [d for d in docs if d is not pod]
