@@ -12,7 +12,7 @@ enabled: true
 image:
   # Registry of the image (empty: `repository` is used as is).
   registry: ghcr.io
-  # Repository inside the registry.
+  # Repository inside the registry (one that names its own registry, ghcr.io/..., keeps it).
   repository: elector-dev/elector
   # Tag. Empty: the library's appVersion.
   tag: ""

@@ -204,13 +204,24 @@ Fails when the result is empty or not a lock name the daemon takes. Takes the in
 
 {{/*
 elector-sidecar.image: the image reference: [registry/]repository then @digest, else :tag (default: the
-library's appVersion). global.imageRegistry of the including chart replaces image.registry.
+library's appVersion). global.imageRegistry of the including chart replaces image.registry; a repository
+that names its own registry (ghcr.io/elector-dev/elector, as chart 0.1.0's image.repository) keeps it
+unless global.imageRegistry replaces it.
 */}}
 {{- define "elector-sidecar.image" -}}
 {{- $v := include "elector-sidecar.values" . | fromYaml }}
-{{- $global := .context.Values.global | default dict }}
-{{- $registry := $global.imageRegistry | default $v.image.registry }}
+{{- $global := (.context.Values.global | default dict).imageRegistry }}
 {{- $repository := $v.image.repository }}
+{{- $parts := splitList "/" $repository }}
+{{- $first := first $parts }}
+{{- $ownRegistry := and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) }}
+{{- $registry := $v.image.registry }}
+{{- if $global }}
+{{- $registry = $global }}
+{{- if $ownRegistry }}{{ $repository = rest $parts | join "/" }}{{ end }}
+{{- else if $ownRegistry }}
+{{- $registry = "" }}
+{{- end }}
 {{- if $registry }}{{ $repository = printf "%s/%s" (trimSuffix "/" $registry) $repository }}{{ end }}
 {{- if $v.image.digest }}
 {{- printf "%s@%s" $repository $v.image.digest }}
