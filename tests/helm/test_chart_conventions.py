@@ -296,3 +296,53 @@ def test_the_helm_test_hook_is_a_test_pod_no_workload_object_selects(render: Ren
             assert not selector.items() <= labels.items(), f"{doc['kind']} {doc['metadata']['name']} selects the test Pod"
     kubernetes_validate.validate(pod, NEWEST_KUBE, strict=True)
     assert render({"helmTest": {"enabled": False}}) == [d for d in docs if d is not pod]
+
+
+# --- 9. a drop-in for the retired leader-elector sidecar (the chart side) -------------------------
+
+
+def test_the_leader_elector_listener_is_off_by_default(render: Render) -> None:
+    sidecar = sidecar_of(render({}))
+    assert "ELECTOR_COMPAT_HTTP_ADDRESS" not in env_of(sidecar)
+    assert [p["name"] for p in sidecar["ports"]] == ["elector-http"]
+
+
+@pytest.mark.parametrize(
+    ("elector", "address"),
+    [
+        ({"leaderElectorCompat": {"enabled": True}}, "0.0.0.0:4040"),
+        ({"leaderElectorCompat": {"enabled": True, "port": 4041}, "bindAddress": "::"}, "[::]:4041"),
+    ],
+)
+def test_the_leader_elector_listener_renders_its_address_and_port(
+    render: Render, elector: dict[str, Any], address: str
+) -> None:
+    sidecar = sidecar_of(render({"elector": elector}))
+    assert env_of(sidecar)["ELECTOR_COMPAT_HTTP_ADDRESS"] == address
+    port = int(address.rsplit(":", 1)[1])
+    assert {"name": "elector-compat", "containerPort": port, "protocol": "TCP"} in sidecar["ports"]
+    for version in ("1.27.0", NEWEST_KUBE):
+        kubernetes_validate.validate(next(d for d in render({"elector": elector}) if d["kind"] == "Deployment"), version, strict=True)
+
+
+def test_the_leader_elector_listener_in_a_parent_chart(
+    tmp_path: Path, library_dir: Path, render_chart: RenderChart
+) -> None:
+    parent = Chart.load(build_parent(tmp_path, library_dir))
+    values = {"leader": {"leaderElectorCompat": {"enabled": True}}}
+    sidecar = containers(deployments(render_chart(parent, values, name="billing"))["billing"])["elector"]
+    assert env_of(sidecar)["ELECTOR_COMPAT_HTTP_ADDRESS"] == "0.0.0.0:4040"
+
+
+def test_the_leader_elector_port_must_differ_from_the_sidecars(render: Render) -> None:
+    with pytest.raises(HelmRenderError, match="leaderElectorCompat.port and port are both 4040"):
+        render({"elector": {"port": 4040, "leaderElectorCompat": {"enabled": True}}})
+
+
+def test_the_docs_map_leader_electors_flags() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "helm.md").read_text()
+    section = text[text.index("## Coming from leader-elector") :]
+    section = section[: section.index("\n## ", 5)]
+    for flag in ("--election=", "--election-namespace=", "--http=", "--ttl="):
+        assert f"`{flag}" in section, flag
+    assert '{"name": "<leader>"}' in section and "leaderElectorCompat" in section
