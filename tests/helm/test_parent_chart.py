@@ -309,7 +309,7 @@ def test_the_example_chart_uses_the_library_like_any_user(chart_dir: Path, libra
     (dependency,) = meta["dependencies"]
     assert dependency["name"] == "elector-sidecar" and dependency["repository"] == "file://../elector-sidecar"
     assert dependency["version"] == yaml.safe_load((library_dir / "Chart.yaml").read_text())["version"]
-    templates = "".join(p.read_text() for p in (chart_dir / "templates").iterdir())
+    templates = "".join(p.read_text() for p in (chart_dir / "templates").rglob("*") if p.is_file())
     assert 'define "elector-sidecar.' not in templates and "ELECTOR_REDIS_URL" not in templates
     deployment = (chart_dir / "templates" / "deployment.yaml").read_text()
     assert 'include "elector-sidecar.container" $sidecar' in deployment
