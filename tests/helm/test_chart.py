@@ -695,9 +695,12 @@ def test_extension_points_reach_the_pod(render: Render, chart_dir: Path) -> None
     assert spec["imagePullSecrets"] == [{"name": "mirror-pull"}, {"name": "ghcr"}]
     assert [c["name"] for c in spec["initContainers"]] == ["wait-for-redis"]
     assert {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}} in spec["volumes"]
-    assert app["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert app["volumeMounts"] == [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "app-secrets", "mountPath": "/etc/app/secrets", "readOnly": True},
+    ]
     assert {"name": "tmp", "mountPath": "/tmp"} in sidecar["volumeMounts"]
-    assert app["envFrom"] == [{"secretRef": {"name": "app-secrets"}}]
+    assert app["envFrom"] == [{"configMapRef": {"name": "app-settings"}}]
     assert sidecar["envFrom"] == [{"configMapRef": {"name": "elector-settings"}}]
     assert env_of(app)["MODE"] == "batch"
     assert pod["metadata"]["labels"]["team"] == "billing"

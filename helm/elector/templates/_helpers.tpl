@@ -202,3 +202,15 @@ Messages name the setting and never print the URL, which may hold a password.
 {{- fail "leaderElection: elector.redis.url holds credentials, which the LeaderElection refuses (anyone who may read it would see them); put the password in the Secret elector.redis.existingSecret" }}
 {{- end }}
 {{- end }}
+
+{{/*
+checkov's inline skips of the example Deployment (annotations checkov.io/skipN: ID=reason), each with why
+the chart does it on purpose; tests/helm/test_checkov.py runs checkov over every ci value set.
+*/}}
+{{- define "elector.checkovSkips" -}}
+checkov.io/skip1: "CKV_K8S_11=No CPU limit on purpose: CFS throttling of the sidecar can hold a lease renewal past its deadline; CPU requests are set (elector.resources)"
+checkov.io/skip2: "CKV_K8S_15=pullPolicy IfNotPresent: release tags are immutable; pin elector.image.digest, or set pullPolicy Always"
+checkov.io/skip3: "CKV_K8S_43=The default images are release tags (the chart's appVersion); elector.image.digest pins the sidecar by digest, workload.image is your application's"
+checkov.io/skip4: "CKV_K8S_8=The example app container (pause) serves nothing to probe; your application brings its own probes; the sidecar has a liveness probe"
+checkov.io/skip5: "CKV_K8S_9=The example app container (pause) serves nothing to probe; the sidecar has a readiness probe"
+{{- end }}
