@@ -56,7 +56,12 @@ def render_manifests(
 
 
 def render_documents(
-    chart: Chart, values: dict[str, Any], *, name: str = RELEASE, namespace: str = NAMESPACE, **capabilities: Any
+    chart: Chart,
+    values: dict[str, Any],
+    *,
+    name: str = RELEASE,
+    namespace: str = NAMESPACE,
+    **capabilities: Any,
 ) -> list[dict[str, Any]]:
     """Render the chart and parse every manifest (NOTES.txt excluded) into its YAML documents.
     `kube_version` ("1.30.0") and `api_versions` (["elector.io/v1alpha1"]) set the engine's Capabilities."""

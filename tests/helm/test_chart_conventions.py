@@ -57,7 +57,10 @@ def test_coupling_readiness_is_an_explicit_choice(render: Render, elector: dict[
 
 
 def test_both_gates_at_once_are_refused(render: Render) -> None:
-    values = {"elector": {"gateOnRedis": True, "gateOnLeadership": True}, "podDisruptionBudget": {"enabled": False}}
+    values = {
+        "elector": {"gateOnRedis": True, "gateOnLeadership": True},
+        "podDisruptionBudget": {"enabled": False},
+    }
     with pytest.raises(HelmRenderError, match="gateOnLeadership and gateOnRedis are both true"):
         render(values)
 
@@ -93,13 +96,17 @@ def test_notes_say_what_readiness_means(
 
 def test_the_default_lock_differs_between_namespaces(chart: Chart, render_chart: RenderChart) -> None:
     locks = {
-        namespace: env_of(sidecar_of(render_chart(chart, {}, name="shop", namespace=namespace)))["ELECTOR_LOCK"]
+        namespace: env_of(sidecar_of(render_chart(chart, {}, name="shop", namespace=namespace)))[
+            "ELECTOR_LOCK"
+        ]
         for namespace in ("shop-staging", "shop-prod")
     }
     assert locks == {"shop-staging": "shop-staging/shop-elector", "shop-prod": "shop-prod/shop-elector"}
 
 
-def test_the_longest_default_lock_is_a_lock_name_the_daemon_takes(chart: Chart, render_chart: RenderChart) -> None:
+def test_the_longest_default_lock_is_a_lock_name_the_daemon_takes(
+    chart: Chart, render_chart: RenderChart
+) -> None:
     from elector.lease import check_lock_name
 
     namespace, fullname = "n" * 63, "f" * 63  # a namespace and a full name are DNS labels: 63 at most
@@ -112,11 +119,15 @@ def test_the_longest_default_lock_is_a_lock_name_the_daemon_takes(chart: Chart, 
     assert election["spec"]["lock"] == lock  # the operator watches the sidecars' own lock
 
 
-def test_a_named_lock_is_shared_on_purpose_and_may_be_a_template(chart: Chart, render_chart: RenderChart) -> None:
+def test_a_named_lock_is_shared_on_purpose_and_may_be_a_template(
+    chart: Chart, render_chart: RenderChart
+) -> None:
     for namespace in ("shop-staging", "shop-prod"):
         docs = render_chart(chart, {"elector": {"lock": "orders"}}, namespace=namespace)
         assert env_of(sidecar_of(docs))["ELECTOR_LOCK"] == "orders"
-    docs = render_chart(chart, {"elector": {"lock": "{{ .Release.Namespace }}-orders"}}, namespace="shop-prod")
+    docs = render_chart(
+        chart, {"elector": {"lock": "{{ .Release.Namespace }}-orders"}}, namespace="shop-prod"
+    )
     assert env_of(sidecar_of(docs))["ELECTOR_LOCK"] == "shop-prod-orders"
 
 
@@ -140,7 +151,10 @@ def test_the_library_scopes_a_parent_charts_lock_too(
 ) -> None:
     parent = Chart.load(build_parent(tmp_path, library_dir))
     docs = render_chart(parent, {"leader": {"lock": ""}}, name="shop", namespace="shop-prod")
-    assert env_of(containers(deployments(docs)["billing"])["elector"])["ELECTOR_LOCK"] == "shop-prod/shop-billing"
+    assert (
+        env_of(containers(deployments(docs)["billing"])["elector"])["ELECTOR_LOCK"]
+        == "shop-prod/shop-billing"
+    )
 
 
 # --- 3. platform conventions ----------------------------------------------------------------------
@@ -188,7 +202,9 @@ def test_a_port_clash_inside_the_pod_is_a_render_error(render: Render, workload:
 
 
 def test_a_moved_sidecar_port_no_longer_clashes(render: Render) -> None:
-    docs = render({"workload": {"ports": [{"name": "http", "containerPort": 9809}]}, "elector": {"port": 9810}})
+    docs = render(
+        {"workload": {"ports": [{"name": "http", "containerPort": 9809}]}, "elector": {"port": 9810}}
+    )
     assert sidecar_of(docs)["ports"][0]["containerPort"] == 9810
 
 
@@ -244,7 +260,11 @@ def test_operator_rbac_create_false_renders_no_rbac() -> None:
         ({}, "proxy.example.com", "proxy.example.com/elector-dev/elector:0.1.0"),
         # chart 0.1.0's repository named its registry: it still pulls from there
         ({"repository": "ghcr.io/elector-dev/elector"}, "", "ghcr.io/elector-dev/elector:0.1.0"),
-        ({"repository": "ghcr.io/elector-dev/elector"}, "proxy.example.com", "proxy.example.com/elector-dev/elector:0.1.0"),
+        (
+            {"repository": "ghcr.io/elector-dev/elector"},
+            "proxy.example.com",
+            "proxy.example.com/elector-dev/elector:0.1.0",
+        ),
     ],
 )
 def test_operator_image_registry(image: dict[str, Any], global_registry: str, expected: str) -> None:
@@ -258,9 +278,15 @@ def test_operator_pull_secrets_take_plain_strings_like_helm_elector() -> None:
 
 
 def test_operator_probes_are_configurable() -> None:
-    values = {"livenessProbe": {"periodSeconds": 30, "failureThreshold": 5}, "readinessProbe": {"timeoutSeconds": 4}}
+    values = {
+        "livenessProbe": {"periodSeconds": 30, "failureThreshold": 5},
+        "readinessProbe": {"timeoutSeconds": 4},
+    }
     (container,) = operator_pod(values)["containers"]
-    assert container["livenessProbe"]["periodSeconds"] == 30 and container["livenessProbe"]["failureThreshold"] == 5
+    assert (
+        container["livenessProbe"]["periodSeconds"] == 30
+        and container["livenessProbe"]["failureThreshold"] == 5
+    )
     assert container["readinessProbe"]["timeoutSeconds"] == 4
     assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
 
@@ -279,7 +305,9 @@ def test_every_chart_has_the_metadata_platforms_expect(chart_name: str) -> None:
     annotations = meta["annotations"]
     assert annotations["artifacthub.io/license"] == "MIT"
     changes = yaml.safe_load(annotations["artifacthub.io/changes"])
-    assert changes and all(c["kind"] in {"added", "changed", "deprecated", "removed", "fixed", "security"} for c in changes)
+    assert changes and all(
+        c["kind"] in {"added", "changed", "deprecated", "removed", "fixed", "security"} for c in changes
+    )
     images = yaml.safe_load(annotations["artifacthub.io/images"])
     assert {"name": "elector", "image": f"ghcr.io/elector-dev/elector:{meta['appVersion']}"} in images
 
@@ -293,7 +321,9 @@ def test_the_helm_test_hook_is_a_test_pod_no_workload_object_selects(render: Ren
         selector = (doc.get("spec") or {}).get("selector") or {}
         selector = selector.get("matchLabels", selector) if isinstance(selector, dict) else {}
         if doc is not pod and selector:
-            assert not selector.items() <= labels.items(), f"{doc['kind']} {doc['metadata']['name']} selects the test Pod"
+            assert not selector.items() <= labels.items(), (
+                f"{doc['kind']} {doc['metadata']['name']} selects the test Pod"
+            )
     kubernetes_validate.validate(pod, NEWEST_KUBE, strict=True)
     assert render({"helmTest": {"enabled": False}}) == [d for d in docs if d is not pod]
 
@@ -322,7 +352,9 @@ def test_the_leader_elector_listener_renders_its_address_and_port(
     port = int(address.rsplit(":", 1)[1])
     assert {"name": "elector-compat", "containerPort": port, "protocol": "TCP"} in sidecar["ports"]
     for version in ("1.27.0", NEWEST_KUBE):
-        kubernetes_validate.validate(next(d for d in render({"elector": elector}) if d["kind"] == "Deployment"), version, strict=True)
+        kubernetes_validate.validate(
+            next(d for d in render({"elector": elector}) if d["kind"] == "Deployment"), version, strict=True
+        )
 
 
 def test_the_leader_elector_listener_in_a_parent_chart(
@@ -335,7 +367,7 @@ def test_the_leader_elector_listener_in_a_parent_chart(
 
 
 def test_the_leader_elector_port_must_differ_from_the_sidecars(render: Render) -> None:
-    with pytest.raises(HelmRenderError, match="leaderElectorCompat.port and port are both 4040"):
+    with pytest.raises(HelmRenderError, match=r"leaderElectorCompat\.port and port are both 4040"):
         render({"elector": {"port": 4040, "leaderElectorCompat": {"enabled": True}}})
 
 

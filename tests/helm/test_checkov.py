@@ -37,9 +37,12 @@ def checkov() -> str:
             capture_output=True,
             text=True,
             timeout=900,
+            check=False,
         )
     except subprocess.TimeoutExpired:
-        pytest.fail("scripts/checkov-venv.sh did not finish within 900 s (pip install checkov into .venv/checkov)")
+        pytest.fail(
+            "scripts/checkov-venv.sh did not finish within 900 s (pip install checkov into .venv/checkov)"
+        )
     if result.returncode != 0:
         pytest.fail(
             "checkov is missing and scripts/checkov-venv.sh could not install it into .venv/checkov "
@@ -67,6 +70,7 @@ def test_checkov_finds_no_failed_check(checkov: str, rendered: Path) -> None:
         capture_output=True,
         text=True,
         timeout=900,
+        check=False,
     )
     reports = json.loads(result.stdout)
     reports = reports if isinstance(reports, list) else [reports]
@@ -87,5 +91,7 @@ def test_every_skip_names_its_check_and_reason(rendered: Path) -> None:
             for key, value in ((doc or {}).get("metadata", {}).get("annotations") or {}).items():
                 if key.startswith("checkov.io/skip"):
                     skips += 1
-                    assert SKIP.match(value), f"{manifest.name} {doc['kind']}: {key}: {value!r} needs ID=reason"
+                    assert SKIP.match(value), (
+                        f"{manifest.name} {doc['kind']}: {key}: {value!r} needs ID=reason"
+                    )
     assert skips > 0

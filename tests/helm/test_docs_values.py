@@ -33,7 +33,9 @@ HISTORICAL = re.compile(r"^## Upgrading from chart 0\.1\.0$.*?(?=^## )", re.S | 
 TEMPLATE_NAMESPACES = {"elector-sidecar", "elector-operator"}
 PATH = re.compile(r"`([A-Za-z][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)+)(?:=[^`]*)?`")
 SET = re.compile(r"--set(?:-string)?[ =]'?([A-Za-z][A-Za-z0-9_.-]*)(?:\[\d+\])?=")
-HELM_COMMAND = re.compile(r"helm (?:install|upgrade|template)\b(?:[^\n\\]|\\(?!\n))*(?:\\\n(?:[^\n\\]|\\(?!\n))*)*")
+HELM_COMMAND = re.compile(
+    r"helm (?:install|upgrade|template)\b(?:[^\n\\]|\\(?!\n))*(?:\\\n(?:[^\n\\]|\\(?!\n))*)*"
+)
 NotesRender = Callable[..., str]
 
 
@@ -112,7 +114,7 @@ def value_paths() -> Iterator[tuple[str, str]]:
 
 
 def owners(path: str) -> list[str]:
-    first = path.split(".")[0]
+    first = path.split(".", maxsplit=1)[0]
     return [name for name, schema in SCHEMAS.items() if first in schema.get("properties", {})]
 
 
@@ -122,7 +124,9 @@ def test_every_set_key_of_a_helm_command_is_in_the_charts_schema() -> None:
     stale = []
     for doc, chart, key in found:
         if chart == "parent":  # the docs' parent charts keep the library under `leader`
-            ok = key.startswith("leader.") and resolves(SCHEMAS["elector-sidecar"], key.removeprefix("leader."))
+            ok = key.startswith("leader.") and resolves(
+                SCHEMAS["elector-sidecar"], key.removeprefix("leader.")
+            )
         elif chart == "any":
             ok = any(resolves(schema, key) for name, schema in SCHEMAS.items() if name != "elector-sidecar")
         else:
@@ -155,7 +159,11 @@ NOTES_VALUE = re.compile(r"(?<![\w./-])([a-z][A-Za-z]*(?:\.[A-Za-z]+)+)=")
         {"leaderElection": {"enabled": False}},
         {"elector": {"readinessProbe": {"enabled": False}}},
         {"elector": {"gateOnRedis": True}},
-        {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
+        {
+            "serviceMonitor": {"enabled": True},
+            "podMonitor": {"enabled": True},
+            "prometheusRule": {"enabled": True},
+        },
     ],
 )
 def test_the_elector_notes_name_only_real_values(
@@ -193,8 +201,6 @@ def test_every_link_of_the_changelog_resolves() -> None:
             continue
         target, _, anchor = link.partition("#")
         file = (changelog.parent / target) if target else changelog
-        if not file.exists():
-            broken.append(link)
-        elif anchor and anchor not in _anchors(file.read_text()):
+        if not file.exists() or (anchor and anchor not in _anchors(file.read_text())):
             broken.append(link)
     assert broken == []

@@ -34,7 +34,11 @@ from tests.helm.operator_support import (
 CI_VALUES = sorted((OPERATOR_CHART_DIR / "ci").glob("*-values.yaml"))
 #: Exactly what the operator does (docs/kubernetes.md#rbac); anything more is a finding.
 # Exactly what the operator's code calls (test_operator_rbac.py derives it from elector/kube/operator).
-LEADER_ELECTIONS = {"apiGroups": ["elector.io"], "resources": ["leaderelections"], "verbs": ["list", "watch", "patch"]}
+LEADER_ELECTIONS = {
+    "apiGroups": ["elector.io"],
+    "resources": ["leaderelections"],
+    "verbs": ["list", "watch", "patch"],
+}
 STATUS = {"apiGroups": ["elector.io"], "resources": ["leaderelections/status"], "verbs": ["patch"]}
 PODS = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch"]}
 SECRETS = {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}
@@ -83,7 +87,8 @@ def test_every_ci_values_file_renders_valid_kubernetes(values_file: Path) -> Non
     docs = render_operator(yaml.safe_load(values_file.read_text()) or {})
     assert of_kind(docs, "Deployment")
     for doc in docs:
-        if doc["apiVersion"] != "monitoring.coreos.com/v1":  # promtool checks those (test_operator_monitoring)
+        # the Prometheus operator's kinds: promtool checks those (test_operator_monitoring)
+        if doc["apiVersion"] != "monitoring.coreos.com/v1":
             validate_kubernetes(doc)
 
 

@@ -166,18 +166,28 @@ def test_leases_never_reach_kube_system_unless_named() -> None:
     and kube-node-lease included."""
     cluster_role = of_kind(render_operator({"clusterWide": True}), "ClusterRole")
     assert all("leases" not in rule["resources"] for role in cluster_role for rule in role["rules"])
-    roles = of_kind(render_operator({"clusterWide": True, "rbac": {"leaseNamespaces": ["apps", "jobs"]}}), "Role")
-    lease_roles = [r for r in roles if any("leases" in rule["resources"] for rule in r["rules"]) and not is_hook(r)]
+    roles = of_kind(
+        render_operator({"clusterWide": True, "rbac": {"leaseNamespaces": ["apps", "jobs"]}}), "Role"
+    )
+    lease_roles = [
+        r for r in roles if any("leases" in rule["resources"] for rule in r["rules"]) and not is_hook(r)
+    ]
     assert sorted(r["metadata"]["namespace"] for r in lease_roles) == ["apps", "jobs"]
     for role in lease_roles:
         assert role["rules"] == [
-            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "verbs": ["get", "create", "update"],
+            }
         ]
 
 
 @pytest.mark.parametrize("cluster_wide", [False, True], ids=["namespaced", "cluster-wide"])
 def test_secrets_only_by_name_in_the_default_values(cluster_wide: bool) -> None:
     """A namespaced operator used to read every Secret of the namespaces it watches."""
-    for role in of_kind(render_operator({"clusterWide": cluster_wide}), "ClusterRole" if cluster_wide else "Role"):
+    for role in of_kind(
+        render_operator({"clusterWide": cluster_wide}), "ClusterRole" if cluster_wide else "Role"
+    ):
         if not is_hook(role):
             assert all("secrets" not in rule["resources"] for rule in role["rules"])

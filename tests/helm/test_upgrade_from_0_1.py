@@ -33,8 +33,8 @@ def _git(*args: str) -> bytes:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, check=True, timeout=60).stdout
     except subprocess.CalledProcessError as exc:
         pytest.fail(
-            f"git {' '.join(args)} failed ({exc.stderr.decode(errors='replace').strip()}): the 0.1.0 chart comes "
-            f"from commit {PREVIOUS_COMMIT}; in a shallow clone run `git fetch --unshallow`"
+            f"git {' '.join(args)} failed ({exc.stderr.decode(errors='replace').strip()}): the 0.1.0 chart "
+            f"comes from commit {PREVIOUS_COMMIT}; in a shallow clone run `git fetch --unshallow`"
         )
 
 
@@ -111,13 +111,19 @@ def migrate(old: dict[str, Any], *, old_lock: str) -> dict[str, Any]:
     # "Set elector.lock to the old name" (the Lock: line of the 0.1.0 release's NOTES)
     values.setdefault("elector", {}).setdefault("lock", old_lock)
     # "set podDisruptionBudget.maxUnavailable: 100% ... with elector.gateOnLeadership"
-    if values["elector"].get("gateOnLeadership") and values.get("podDisruptionBudget", {}).get("enabled", True):
+    if values["elector"].get("gateOnLeadership") and values.get("podDisruptionBudget", {}).get(
+        "enabled", True
+    ):
         values["podDisruptionBudget"] = {**values.get("podDisruptionBudget", {}), "maxUnavailable": "100%"}
     return values
 
 
 def _named(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
-    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind and "helm.sh/hook" not in (d["metadata"].get("annotations") or {})}
+    return {
+        d["metadata"]["name"]: d
+        for d in docs
+        if d["kind"] == kind and "helm.sh/hook" not in (d["metadata"].get("annotations") or {})
+    }
 
 
 def _pod(deployment: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -131,7 +137,10 @@ def _lock(container: dict[str, Any]) -> str:
 def test_the_steps_the_migration_applies_are_documented() -> None:
     text = " ".join(DOC.read_text().split())
     assert "**Set `elector.lock` to the old name**" in text
-    assert "set `podDisruptionBudget.maxUnavailable: 100%` (or `enabled: false`) with `elector.gateOnLeadership`" in text
+    assert (
+        "set `podDisruptionBudget.maxUnavailable: 100%` (or `enabled: false`) with `elector.gateOnLeadership`"
+        in text
+    )
 
 
 def test_the_table_covers_every_removed_top_level_value(chart_dir: Path) -> None:
@@ -167,14 +176,22 @@ def test_an_upgrade_keeps_the_deployment_selector_services_lock_and_images(
     assert set(_named(new_docs, "Service")) == old_services
 
 
-def test_without_the_lock_step_the_lock_would_change(previous_chart: Path, chart: Chart, render_chart: RenderChart) -> None:
+def test_without_the_lock_step_the_lock_would_change(
+    previous_chart: Path, chart: Chart, render_chart: RenderChart
+) -> None:
     """Why the lock step is documented: the new default adds the namespace."""
-    old = _lock(_pod(_named(render_chart(Chart.load(previous_chart), {}, name="jobs"), "Deployment")["jobs-elector"])["elector"])
+    old = _lock(
+        _pod(_named(render_chart(Chart.load(previous_chart), {}, name="jobs"), "Deployment")["jobs-elector"])[
+            "elector"
+        ]
+    )
     new = _lock(_pod(_named(render_chart(chart, {}, name="jobs"), "Deployment")["jobs-elector"])["elector"])
     assert (old, new) == ("jobs-elector", "apps/jobs-elector")
 
 
-def test_a_0_1_repository_naming_its_registry_is_not_prefixed(render_chart: RenderChart, chart: Chart) -> None:
+def test_a_0_1_repository_naming_its_registry_is_not_prefixed(
+    render_chart: RenderChart, chart: Chart
+) -> None:
     """The upgrade trap: workload.image.registry (registry.k8s.io) put in front of ghcr.io/acme/orders."""
     values = {"workload": {"image": {"repository": "ghcr.io/acme/orders", "tag": "1.2"}}}
     deployment = _named(render_chart(chart, values, name="jobs"), "Deployment")["jobs-elector"]
