@@ -204,3 +204,14 @@ def test_every_link_of_the_changelog_resolves() -> None:
         if not file.exists() or (anchor and anchor not in _anchors(file.read_text())):
             broken.append(link)
     assert broken == []
+
+
+def test_every_section_the_changelog_names_exists() -> None:
+    """`see docs/helm.md, "Some section"` in prose, not as a link: the section must exist under that name.
+    (0.2.0's entry pointed to "Coming from the single chart", a section called otherwise.)"""
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    references = re.findall(r"(docs/[\w-]+\.md)[^\"\n()]{0,4}\"([^\"]+)\"", changelog)
+    assert references
+    for doc, section in references:
+        headings = re.findall(r"^#+ (.+)$", (REPO / doc).read_text(), re.M)
+        assert any(heading.strip().startswith(section) for heading in headings), f"{doc}: no section {section!r}"
