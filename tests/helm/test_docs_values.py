@@ -214,4 +214,5 @@ def test_every_section_the_changelog_names_exists() -> None:
     assert references
     for doc, section in references:
         headings = re.findall(r"^#+ (.+)$", (REPO / doc).read_text(), re.M)
-        assert any(heading.strip().startswith(section) for heading in headings), f"{doc}: no section {section!r}"
+        found = any(heading.strip().startswith(section) for heading in headings)
+        assert found, f"{doc}: no section {section!r}"
