@@ -37,14 +37,15 @@ def render_manifests(
     values: dict[str, Any],
     *,
     name: str = RELEASE,
+    namespace: str = NAMESPACE,
     kube_version: str | None = None,
     api_versions: list[str] | None = None,
 ) -> dict[str, str]:
     """chart.render, plus the engine's Capabilities (KubeVersion, APIVersions) that Chart.render does not
     expose: the native call takes them as render options (default: the engine's own Kubernetes version)."""
     if kube_version is None and api_versions is None:
-        return chart.render(values, name=name, namespace=NAMESPACE)
-    options: dict[str, Any] = {"name": name, "namespace": NAMESPACE}
+        return chart.render(values, name=name, namespace=namespace)
+    options: dict[str, Any] = {"name": name, "namespace": namespace}
     if kube_version is not None:
         options["kube_version"] = kube_version if kube_version.startswith("v") else f"v{kube_version}"
     if api_versions is not None:
@@ -55,11 +56,16 @@ def render_manifests(
 
 
 def render_documents(
-    chart: Chart, values: dict[str, Any], *, name: str = RELEASE, **capabilities: Any
+    chart: Chart,
+    values: dict[str, Any],
+    *,
+    name: str = RELEASE,
+    namespace: str = NAMESPACE,
+    **capabilities: Any,
 ) -> list[dict[str, Any]]:
     """Render the chart and parse every manifest (NOTES.txt excluded) into its YAML documents.
     `kube_version` ("1.30.0") and `api_versions` (["elector.io/v1alpha1"]) set the engine's Capabilities."""
-    manifests = render_manifests(chart, values, name=name, **capabilities)
+    manifests = render_manifests(chart, values, name=name, namespace=namespace, **capabilities)
     documents: list[dict[str, Any]] = []
     for path, text in sorted(manifests.items()):
         if path.endswith("NOTES.txt"):

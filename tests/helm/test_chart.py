@@ -188,7 +188,7 @@ def test_ci_values_lint_and_validate(
 
 def test_defaults_render_workload_objects(render: Render) -> None:
     docs = render({})
-    assert kinds(docs) == ["Deployment", "PodDisruptionBudget", "Service", "Service", "ServiceAccount"]
+    assert kinds(docs) == ["Deployment", "Pod", "PodDisruptionBudget", "Service", "Service", "ServiceAccount"]
     deployment = find(docs, "Deployment", "demo-elector")
     assert deployment["metadata"]["namespace"] == NAMESPACE
     assert deployment["spec"]["replicas"] == 3
@@ -216,15 +216,15 @@ def test_sidecar_defaults(render: Render) -> None:
     assert env_of(sidecar) == {
         "POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},
         "ELECTOR_REDIS_URL": "redis://redis:6379/0",
-        "ELECTOR_LOCK": "demo-elector",
+        "ELECTOR_LOCK": "apps/demo-elector",
         "ELECTOR_TTL": "10s",
-        "ELECTOR_HTTP_ADDRESS": "0.0.0.0:8080",
+        "ELECTOR_HTTP_ADDRESS": "0.0.0.0:9809",
         "ELECTOR_LOG_FORMAT": "json",
         "ELECTOR_LOG_LEVEL": "info",
     }
-    assert sidecar["ports"] == [{"name": "elector-http", "containerPort": 8080, "protocol": "TCP"}]
+    assert sidecar["ports"] == [{"name": "elector-http", "containerPort": 9809, "protocol": "TCP"}]
     assert sidecar["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "elector-http"}
-    assert sidecar["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "elector-http"}
+    assert sidecar["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "elector-http"}
     assert sidecar["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "5"]
     assert "volumeMounts" not in sidecar
 
@@ -345,7 +345,7 @@ def test_metrics_service_is_headless_on_the_sidecar_port(render: Render) -> None
     service = find(render({}), "Service", "demo-elector-metrics")
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["ports"] == [
-        {"name": "elector-http", "port": 8080, "targetPort": "elector-http", "protocol": "TCP"}
+        {"name": "elector-http", "port": 9809, "targetPort": "elector-http", "protocol": "TCP"}
     ]
 
 
@@ -496,13 +496,13 @@ def test_workload_disabled_renders_no_workload_objects(render: Render) -> None:
 
 def test_names_and_labels(render: Render) -> None:
     docs = render({"fullnameOverride": "jobs", "commonLabels": {"team": "platform"}})
-    assert {d["metadata"]["name"] for d in docs} == {"jobs", "jobs-leader", "jobs-metrics"}
+    assert {d["metadata"]["name"] for d in docs} == {"jobs", "jobs-leader", "jobs-metrics", "jobs-test"}
     for doc in docs:
         labels = doc["metadata"]["labels"]
         assert labels["team"] == "platform"
-        assert labels["helm.sh/chart"] == "elector-0.1.0"
+        assert labels["helm.sh/chart"] == "elector-0.2.0"
         assert labels["app.kubernetes.io/version"] == "0.1.0"
-    assert env_of(container(docs, "elector"))["ELECTOR_LOCK"] == "jobs"
+    assert env_of(container(docs, "elector"))["ELECTOR_LOCK"] == "apps/jobs"
     long_name = "x" * 70
     for doc in render({"fullnameOverride": long_name}):
         assert len(doc["metadata"]["name"]) <= 63
@@ -515,7 +515,7 @@ def test_release_name_containing_chart_name(chart: Chart, render_chart: RenderCh
 
 def test_notes_tell_the_truth_about_the_leader_service(chart: Chart) -> None:
     notes = chart.render({}, name="demo", namespace=NAMESPACE)["elector/templates/NOTES.txt"]
-    assert "NO endpoints" in notes and "elector.io/leader=true" in notes and "GET /readyz" in notes
+    assert "NO endpoints" in notes and "elector.io/leader=true" in notes and "GET /healthz" in notes
     gated = chart.render(GATED, name="demo", namespace=NAMESPACE)
     gated_notes = gated["elector/templates/NOTES.txt"]
     assert "only the leader is ready" in gated_notes and "NO endpoints" not in gated_notes
@@ -526,7 +526,7 @@ def test_notes_tell_the_truth_about_the_leader_service(chart: Chart) -> None:
     sentinels = {"elector": {"redis": {"url": "redis+sentinel://s1:26379,s2:26380/mymaster/0"}}}
     sentinel_notes = chart.render(sentinels, name="demo", namespace=NAMESPACE)["elector/templates/NOTES.txt"]
     assert "Redis: redis+sentinel://s1:26379,s2:26380/mymaster/0" in sentinel_notes
-    assert "http://127.0.0.1:8080/leader" in notes
+    assert "http://127.0.0.1:9809/leader" in notes
     forced = chart.render({"prometheusRule": {"enabled": True}}, name="demo", namespace=NAMESPACE)
     assert "PrometheusRule" in forced["elector/templates/NOTES.txt"]
     assert "skipped" in forced["elector/templates/NOTES.txt"]
@@ -695,9 +695,12 @@ def test_extension_points_reach_the_pod(render: Render, chart_dir: Path) -> None
     assert spec["imagePullSecrets"] == [{"name": "mirror-pull"}, {"name": "ghcr"}]
     assert [c["name"] for c in spec["initContainers"]] == ["wait-for-redis"]
     assert {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}} in spec["volumes"]
-    assert app["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert app["volumeMounts"] == [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "app-secrets", "mountPath": "/etc/app/secrets", "readOnly": True},
+    ]
     assert {"name": "tmp", "mountPath": "/tmp"} in sidecar["volumeMounts"]
-    assert app["envFrom"] == [{"secretRef": {"name": "app-secrets"}}]
+    assert app["envFrom"] == [{"configMapRef": {"name": "app-settings"}}]
     assert sidecar["envFrom"] == [{"configMapRef": {"name": "elector-settings"}}]
     assert env_of(app)["MODE"] == "batch"
     assert pod["metadata"]["labels"]["team"] == "billing"
@@ -744,7 +747,7 @@ def test_every_extension_point_is_in_the_schema(chart: Chart) -> None:
 @pytest.mark.parametrize(
     ("sidecar", "url", "address"),
     [
-        ({}, "http://127.0.0.1:8080/leader", "0.0.0.0:8080"),
+        ({}, "http://127.0.0.1:9809/leader", "0.0.0.0:9809"),
         ({"port": 9090}, "http://127.0.0.1:9090/leader", "0.0.0.0:9090"),
         ({"port": 9191, "bindAddress": "::"}, "http://[::1]:9191/leader", "[::]:9191"),
     ],

@@ -23,7 +23,7 @@ from support.seed import seed_used_lock
 
 from elector.backend.lua.lease import LockKeys
 from elector.daemon.http import HttpSettings
-from elector.testing.redis_server import free_tcp_port
+from elector.testing.redis_server import RedisServerProcess, free_tcp_port
 
 Render = Callable[[dict[str, Any]], list[dict[str, Any]]]
 
@@ -103,13 +103,15 @@ def test_args_are_a_real_subcommand(render: Render) -> None:
     assert sidecar(render({}))["args"][0] in cli.commands
 
 
-def test_port_matches_the_daemon_default(render: Render, run_help: str) -> None:
+def test_port_is_passed_explicitly_and_is_not_8080(render: Render, run_help: str) -> None:
+    """The sidecar's port is not the daemon's own default (8080, the most common application port: two
+    containers of a pod cannot both bind it), so the chart must pass it in ELECTOR_HTTP_ADDRESS."""
     container = sidecar(render({}))
     env = {e["name"]: e.get("value") for e in container["env"]}
     port = container["ports"][0]["containerPort"]
     assert env["ELECTOR_HTTP_ADDRESS"] == f"0.0.0.0:{port}"
-    assert port == HttpSettings().port
-    assert f"default: 0.0.0.0:{port}" in " ".join(run_help.split())
+    assert port != 8080 and HttpSettings().port == 8080
+    assert "default: 0.0.0.0:8080" in " ".join(run_help.split())
 
 
 def test_log_settings_are_accepted_choices(render: Render, run_help: str) -> None:
@@ -139,7 +141,7 @@ class Sidecar:
         }
         env["POD_NAME"] = pod_name  # what the downward API provides
         env["ELECTOR_REDIS_URL"] = redis_url  # the test's own redis-server
-        env["ELECTOR_HTTP_ADDRESS"] = f"127.0.0.1:{self.port}"  # a free port instead of 8080
+        env["ELECTOR_HTTP_ADDRESS"] = f"127.0.0.1:{self.port}"  # a free port instead of the pod's
         env |= overrides or {}  # paths of volumes the kubelet would mount
         self.log = (log_dir / f"{pod_name}.log").open("wb")
         self.process = subprocess.Popen(
@@ -149,9 +151,9 @@ class Sidecar:
             stderr=subprocess.STDOUT,
         )
 
-    def get(self, path: str) -> int:
+    def get(self, path: str, *, timeout_s: float = 1.0) -> int:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=1) as response:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=timeout_s) as response:
                 return int(response.status)
         except urllib.error.HTTPError as exc:
             return exc.code
@@ -202,7 +204,7 @@ def test_rendered_sidecar_answers_its_probes(render: Render, redis_url: str, sta
         path = probe["httpGet"]["path"]
         assert probe["httpGet"]["port"] == "elector-http" == container["ports"][0]["name"]
         leader.wait_for(path, 200)
-        follower.wait_for(path, 200)  # /readyz: followers are ready too (rollout-safe)
+        follower.wait_for(path, 200)  # /healthz: followers are ready too (rollout-safe)
     follower.wait_for("/leader", 503)
     # the identity is $POD_NAME: the lock holds the leader's pod name
     assert b"demo-elector-0" in (client.get(LockKeys(lock).lease) or b"")
@@ -225,6 +227,146 @@ def test_gated_readiness_makes_only_the_leader_ready(
     follower = start_sidecar(container, "demo-elector-1")
     follower.wait_for("/readyz", 200)
     assert follower.get(path) == 503  # the trade-off documented in values.yaml and NOTES.txt
+
+
+def kubelet_ready(sidecar: Sidecar, probe: dict[str, Any]) -> bool:
+    """One readiness probe as the kubelet runs it: HTTP GET of the probe's path, success is 200-399 within
+    timeoutSeconds (a refused connection or a timeout is a failure)."""
+    assert probe["httpGet"]["port"] == "elector-http"
+    status = sidecar.get(probe["httpGet"]["path"], timeout_s=float(probe.get("timeoutSeconds", 1)))
+    return 200 <= status < 400
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("outage", ["stopped", "killed"])
+def test_default_readiness_survives_a_redis_outage_of_three_ttls(
+    render: Render, redis_server: RedisServerProcess, start_sidecar: Any, outage: str
+) -> None:
+    """The pod of the default values stays ready through a Redis outage of 3 ttl: its readiness probe
+    is the one rendered from the defaults (only the ttl differs, to keep the test short; the probe's
+    path and port do not depend on it), probed the way the kubelet does all along. /readyz, the old
+    default, turns 503 in the same outage: the outage was real."""
+    assert sidecar(render({}))["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "elector-http"}
+    container = sidecar(render({"elector": {"ttl": "2s"}}))
+    probe = container["readinessProbe"]
+    assert probe["httpGet"] == sidecar(render({}))["readinessProbe"]["httpGet"]
+    ttl_s = 2.0
+    lock = {e["name"]: e.get("value") for e in container["env"]}["ELECTOR_LOCK"]
+    seed_used_lock(redis.Redis.from_url(redis_server.url), lock)
+    pods = [start_sidecar(container, f"demo-elector-{index}") for index in range(2)]
+    for pod in pods:
+        pod.wait_for("/readyz", 200, timeout_s=30)
+    assert all(kubelet_ready(pod, probe) for pod in pods)
+
+    if outage == "stopped":
+        redis_server.pause()  # connections stay open and silent: every request times out
+    else:
+        redis_server.kill()  # connections refused
+    unready_seen = False
+    outage_ends = time.monotonic() + 3 * ttl_s
+    try:
+        while time.monotonic() < outage_ends:
+            for pod in pods:
+                assert pod.process.poll() is None, f"the sidecar exited {pod.process.returncode}"
+                assert kubelet_ready(pod, probe), f"{probe['httpGet']['path']} failed during the Redis outage"
+            unready_seen = unready_seen or all(pod.get("/readyz") == 503 for pod in pods)
+            time.sleep(0.1)
+    finally:
+        if outage == "stopped":
+            redis_server.resume()
+        else:
+            redis_server.start()
+    assert unready_seen, "/readyz never failed: the outage did not reach the daemons"
+    assert all(kubelet_ready(pod, probe) for pod in pods)
+    if outage == "killed":  # an empty Redis: the lock is gone, the daemons contend again
+        seed_used_lock(redis.Redis.from_url(redis_server.url), lock)
+    deadline = time.monotonic() + 10 * ttl_s
+    while sum(pod.get("/leader") == 200 for pod in pods) != 1:
+        assert time.monotonic() < deadline, "no single leader after Redis came back"
+        time.sleep(0.05)
+
+
+@pytest.mark.integration
+def test_the_leader_service_follows_the_leader_on_a_real_pair(
+    render: Render, redis_url: str, start_sidecar: Any
+) -> None:
+    """The leader Service selects the label elector.io/leader=true, which the operator sets on the pod
+    whose name is the lock's holder (the rendered LeaderElection names the sidecars' own lock and
+    selects their pods). On a real pair: the holder in Redis is always the pod whose /leader answers 200,
+    and when that pod stops, the holder becomes the other pod, which the operator relabels."""
+    docs = render({"elector": {**OPTIONAL["elector"]}, "leaderElection": {"enabled": True}})
+    container = sidecar(docs)
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    (election,) = [d for d in docs if d["kind"] == "LeaderElection"]
+    (service,) = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].endswith("-leader")]
+    pod_labels = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert election["spec"]["lock"] == env["ELECTOR_LOCK"]
+    assert election["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    leader_label = election["spec"].get("leaderLabel", "elector.io/leader")
+    wanted = {**election["spec"]["selector"]["matchLabels"], leader_label: "true"}
+    assert service["spec"]["selector"] == wanted
+    client = redis.Redis.from_url(redis_url)
+    seed_used_lock(client, env["ELECTOR_LOCK"])
+    pods = {"demo-elector-a": start_sidecar(container, "demo-elector-a")}
+    pods["demo-elector-a"].wait_for("/leader", 200)
+    pods["demo-elector-b"] = start_sidecar(container, "demo-elector-b")
+    pods["demo-elector-b"].wait_for("/readyz", 200)
+    assert pods["demo-elector-b"].get("/leader") == 503
+
+    def holder() -> str:
+        value = client.get(LockKeys(env["ELECTOR_LOCK"]).lease) or b""
+        return next((name for name in pods if name.encode() in value), "")
+
+    assert holder() == "demo-elector-a"
+    # the follower is ready too: the Service, not readiness, picks the leader
+    assert all(kubelet_ready(pod, container["readinessProbe"]) for pod in pods.values())
+    pods["demo-elector-a"].stop()
+    pods["demo-elector-b"].wait_for("/leader", 200, timeout_s=30)
+    assert holder() == "demo-elector-b"
+
+
+@pytest.mark.integration
+def test_the_helm_test_hook_passes_on_a_healthy_pair_and_fails_without_a_leader(
+    render: Render, redis_server: RedisServerProcess, start_sidecar: Any
+) -> None:
+    """`helm test`'s Pod runs its rendered script against two real sidecars (their addresses instead of
+    the metrics Service's DNS): ok with one leader and one follower; a failure naming the problem when
+    Redis is gone (no replica leads)."""
+    docs = render({"elector": {"ttl": "2s"}, "workload": {"replicaCount": 2}})
+    (pod,) = [d for d in docs if d["kind"] == "Pod"]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    (check,) = pod["spec"]["containers"]
+    assert check["command"] == ["python3", "-c"]
+    env = {e["name"]: e["value"] for e in check["env"]}
+    assert env["SERVICE"] == "demo-elector-metrics.apps.svc" and env["REPLICAS"] == "2"
+    container = sidecar(docs)
+    lock = {e["name"]: e.get("value") for e in container["env"]}["ELECTOR_LOCK"]
+    seed_used_lock(redis.Redis.from_url(redis_server.url), lock)
+    pods = [start_sidecar(container, f"demo-elector-{index}") for index in range(2)]
+    for member in pods:
+        member.wait_for("/readyz", 200, timeout_s=30)
+
+    def run_check(deadline_s: int) -> subprocess.CompletedProcess[str]:
+        addresses = ",".join(f"127.0.0.1:{member.port}" for member in pods)
+        given = {"ADDRESSES": addresses, "DEADLINE_SECONDS": str(deadline_s)}
+        return subprocess.run(
+            [sys.executable, "-c", check["args"][0]],
+            env={"PATH": os.environ["PATH"]} | env | given,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+
+    passed = run_check(30)
+    assert passed.returncode == 0, passed.stderr
+    assert "exactly one leads" in passed.stdout
+    redis_server.kill()
+    for member in pods:
+        member.wait_for("/leader", 503, timeout_s=30)
+    failed = run_check(2)
+    assert failed.returncode == 1
+    assert "0 replicas report leading, expected exactly 1" in failed.stderr
 
 
 @pytest.mark.integration

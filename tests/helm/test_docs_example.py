@@ -123,15 +123,15 @@ def test_the_chart_renders_the_sidecar_as_the_page_says(billing: list[dict[str, 
     containers = {c["name"]: c for c in pod["containers"]}
     assert list(containers) == ["app", "elector"]
     app_env = {e["name"]: e.get("value") for e in containers["app"]["env"]}
-    assert app_env == {"ELECTOR_LEADER_URL": "http://127.0.0.1:8080/leader"}
+    assert app_env == {"ELECTOR_LEADER_URL": "http://127.0.0.1:9809/leader"}
     env = {e["name"]: e.get("value") for e in containers["elector"]["env"]}
-    assert env["ELECTOR_LOCK"] == "billing-nightly"
+    assert env["ELECTOR_LOCK"] == f"{NAMESPACE}/nightly"
     assert env["ELECTOR_REDIS_URL"] == "redis://redis.data:6379/0"
     assert env["ELECTOR_REDIS_PASSWORD_FILE"].startswith("/etc/elector/redis/")
     assert env["ELECTOR_SHUTDOWN_LINGER"] in {"30", "30s"}
     assert {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v} == {"redis-auth"}
     assert [p["name"] for p in containers["elector"]["ports"]] == ["elector-http"]
-    assert containers["elector"]["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert containers["elector"]["readinessProbe"]["httpGet"]["path"] == "/healthz"
     # The grace period the comment explains: preStop sleep + linger + 10 s of drain, at least.
     pre_stop = containers["elector"]["lifecycle"]["preStop"]["exec"]["command"]
     assert pod["terminationGracePeriodSeconds"] >= int(pre_stop[-1]) + 30 + 10

@@ -375,7 +375,7 @@ def test_parent_chart_overrides_priority_and_mounts_the_leader_file(
     (parent / "templates").mkdir(parents=True)
     (parent / "Chart.yaml").write_text(
         "apiVersion: v2\nname: billing\nversion: 1.0.0\n"
-        f"dependencies:\n  - name: elector-sidecar\n    version: 0.1.0\n    repository: file://{library_dir}\n"
+        f"dependencies:\n  - name: elector-sidecar\n    version: 0.2.0\n    repository: file://{library_dir}\n"
     )
     (parent / "values.yaml").write_text("leader:\n  lock: billing\n  leaderFile: /run/elector/leader.json\n")
     template = """{{- range $zone, $priority := dict "a" 10 "b" 0 }}

@@ -111,7 +111,8 @@ def build_parent(
     """A parent chart "billing" depending on the library (under `alias`), the library in its charts/."""
     parent = tmp_path / "billing"
     (parent / "templates").mkdir(parents=True)
-    dependency = {"name": "elector-sidecar", "version": "0.1.0", "repository": f"file://{library_dir}"}
+    version = yaml.safe_load((library_dir / "Chart.yaml").read_text())["version"]
+    dependency = {"name": "elector-sidecar", "version": version, "repository": f"file://{library_dir}"}
     if alias:
         dependency["alias"] = alias
     chart = {"apiVersion": "v2", "name": "billing", "version": "1.0.0", "appVersion": "9.9.9"}
@@ -121,9 +122,9 @@ def build_parent(
     (parent / "templates" / "networkpolicy.yaml").write_text(NETWORK_POLICY)
     charts = parent / "charts"
     charts.mkdir()
-    if packaged:  # what `helm dependency build` leaves: charts/elector-sidecar-0.1.0.tgz
+    if packaged:  # what `helm dependency build` leaves: charts/elector-sidecar-<version>.tgz
         archive = Path(package(library_dir, destination=charts))
-        assert archive.name == "elector-sidecar-0.1.0.tgz"
+        assert archive.name == f"elector-sidecar-{version}.tgz"
     else:
         shutil.copytree(library_dir, charts / "elector-sidecar")
     return parent
@@ -204,9 +205,9 @@ def test_no_values_at_all_render_the_defaults_under_any_alias(
     docs = render_chart(Chart.load(parent), {}, name="shop")
     sidecar = containers(deployments(docs)["billing"])["elector"]
     env = env_of(sidecar)
-    assert env["ELECTOR_LOCK"] == "shop-billing"  # "<release>-<chart name>" of the parent
+    assert env["ELECTOR_LOCK"] == "apps/shop-billing"  # "<namespace>/<release>-<chart name>" of the parent
     assert env["ELECTOR_REDIS_URL"] == "redis://redis:6379/0"
-    assert sidecar["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "elector-http"}
+    assert sidecar["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "elector-http"}
     assert "volumes" not in deployments(docs)["billing"]["spec"]["template"]["spec"]
     for doc in docs:
         kubernetes_validate.validate(doc, NEWEST_KUBE, strict=True)
@@ -308,11 +309,12 @@ def test_the_example_chart_uses_the_library_like_any_user(chart_dir: Path, libra
     (dependency,) = meta["dependencies"]
     assert dependency["name"] == "elector-sidecar" and dependency["repository"] == "file://../elector-sidecar"
     assert dependency["version"] == yaml.safe_load((library_dir / "Chart.yaml").read_text())["version"]
-    templates = "".join(p.read_text() for p in (chart_dir / "templates").iterdir())
+    templates = "".join(p.read_text() for p in (chart_dir / "templates").rglob("*") if p.is_file())
     assert 'define "elector-sidecar.' not in templates and "ELECTOR_REDIS_URL" not in templates
     deployment = (chart_dir / "templates" / "deployment.yaml").read_text()
     assert 'include "elector-sidecar.container" $sidecar' in deployment
-    assert '$sidecar := dict "values" .Values.elector "context" $' in deployment
+    # the `elector:` values, with the securityContext fields Helm deleted for a null passed as nulls
+    assert '$sidecar := dict "values" (include "elector.sidecarInput" $ | fromYaml) "context" $' in deployment
 
 
 def test_the_docstring_usage_is_the_one_tested(library_dir: Path) -> None:

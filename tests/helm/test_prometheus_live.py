@@ -192,11 +192,17 @@ class AlertLog:
 
 def _rendered_rules() -> dict[str, Any]:
     """The rule groups exactly as the chart renders them into its PrometheusRule."""
+    import tempfile
+
     from helm_python.chart import Chart
 
-    # no workload: the chart renders its rules without its library dependency (charts/ is not assembled here)
+    from tests.support.charts import assemble_chart
+
+    # no workload, but the chart still needs its library (NOTES print the lock, which the library names)
     values = {"prometheusRule": {"enabled": True, "force": True}, "workload": {"enabled": False}}
-    manifests = Chart.load(CHART_DIR).render(values, name="elector", namespace=NAMESPACE)
+    with tempfile.TemporaryDirectory() as tmp:
+        built = assemble_chart(CHART_DIR, Path(tmp))
+        manifests = Chart.load(built).render(values, name="elector", namespace=NAMESPACE)
     for path, text in manifests.items():
         if not path.endswith(".yaml"):
             continue

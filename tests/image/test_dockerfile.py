@@ -407,7 +407,11 @@ def test_chart_sidecar_matches_the_image(final: Stage) -> None:
         assert "elector-http" in ports, (
             f"the sidecar has no port named elector-http: {container.get('ports')}"
         )
-        assert ports["elector-http"]["containerPort"] == expose
+        # The chart's port (9809: not 8080, the most common application port) is passed explicitly; the
+        # image's EXPOSE is the daemon's own default, which the chart does not rely on.
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        assert env["ELECTOR_HTTP_ADDRESS"].rsplit(":", 1)[1] == str(ports["elector-http"]["containerPort"])
+        assert expose == HttpSettings().port
         assert ports["elector-http"].get("protocol", "TCP") == "TCP"
         # The image's default tag is the chart's appVersion.
         assert container["image"] == f"{IMAGE_REPOSITORY}:{chart['appVersion']}", container["image"]

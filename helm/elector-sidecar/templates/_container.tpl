@@ -6,13 +6,16 @@ elector-sidecar.container: the sidecar, one item of a pod's `containers` list.
       ...
     {{- include "elector-sidecar.container" (dict "values" .Values.leader "context" $) | nindent 4 }}
 
-One container named "elector" with the port "elector-http", liveness GET /healthz, readiness GET /readyz
-(or /leader with gateOnLeadership) timed from the ttl, POD_NAME from the downward API (the daemon's
-identity), the ELECTOR_* environment, resources, a restricted security context and the mounts of
-elector-sidecar.volumes (render those in the pod's `volumes`).
+One container named "elector" with the port "elector-http", liveness GET /healthz, readiness GET /healthz
+(/leader with gateOnLeadership, /readyz with gateOnRedis) timed from the ttl, POD_NAME from the downward
+API (the daemon's identity), the ELECTOR_* environment, resources, a restricted security context and the
+mounts of elector-sidecar.volumes (render those in the pod's `volumes`). Nothing with enabled false.
+The dict's optional "podPorts" (the other containers' ports) makes a port clash a render error.
 */}}
 {{- define "elector-sidecar.container" -}}
 {{- $v := include "elector-sidecar.values" . | fromYaml -}}
+{{- if $v.enabled }}
+{{- include "elector-sidecar.checkPodPorts" . }}
 - name: elector
   image: {{ include "elector-sidecar.image" . | quote }}
   imagePullPolicy: {{ $v.image.pullPolicy }}
@@ -27,10 +30,17 @@ elector-sidecar.volumes (render those in the pod's `volumes`).
     - name: elector-http
       containerPort: {{ int $v.port }}
       protocol: TCP
+    {{- if $v.leaderElectorCompat.enabled }}
+    - name: elector-compat
+      containerPort: {{ int $v.leaderElectorCompat.port }}
+      protocol: TCP
+    {{- end }}
   livenessProbe:
     {{- include "elector-sidecar.livenessProbe" . | nindent 4 }}
+  {{- if $v.readinessProbe.enabled }}
   readinessProbe:
     {{- include "elector-sidecar.readinessProbe" . | nindent 4 }}
+  {{- end }}
   {{- if gt (int $v.preStopSleepSeconds) 0 }}
   lifecycle:
     preStop:
@@ -45,6 +55,24 @@ elector-sidecar.volumes (render those in the pod's `volumes`).
   volumeMounts:
     {{- . | nindent 4 }}
   {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Fails when the sidecar's port (or leaderElectorCompat's) is one of the dict's "podPorts": the other
+containers of the pod share its network namespace, so one of the two would fail to bind at run time.
+*/}}
+{{- define "elector-sidecar.checkPodPorts" -}}
+{{- $v := include "elector-sidecar.values" . | fromYaml }}
+{{- $mine := list (int $v.port) }}
+{{- if $v.leaderElectorCompat.enabled }}{{ $mine = append $mine (int $v.leaderElectorCompat.port) }}{{ end }}
+{{- range .podPorts | default list }}
+{{- $port := 0 }}
+{{- if kindIs "map" . }}{{ $port = int (.containerPort | default 0) }}{{ else }}{{ $port = int . }}{{ end }}
+{{- if has $port $mine }}
+{{- fail (printf "elector-sidecar: port %d is also a port of another container of the pod, and only one of the two can bind it; set the sidecar's port (or leaderElectorCompat.port) to another one" $port) }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/* elector-sidecar.env: the sidecar's `env` items. */}}
@@ -115,6 +143,10 @@ elector-sidecar.volumes (render those in the pod's `volumes`).
 - name: ELECTOR_REPLICAS_ACK_TIMEOUT
   value: {{ . | quote }}
 {{- end }}
+{{- if $v.leaderElectorCompat.enabled }}
+- name: ELECTOR_COMPAT_HTTP_ADDRESS
+  value: {{ include "elector-sidecar.hostPort" (dict "host" $v.bindAddress "port" $v.leaderElectorCompat.port) | quote }}
+{{- end }}
 {{- with $v.extraEnv }}
 {{ toYaml . }}
 {{- end }}
@@ -123,10 +155,15 @@ elector-sidecar.volumes (render those in the pod's `volumes`).
 {{/* ELECTOR_HTTP_ADDRESS: <bindAddress>:<port>, [::]:<port> for IPv6. */}}
 {{- define "elector-sidecar.httpAddress" -}}
 {{- $v := include "elector-sidecar.values" . | fromYaml }}
-{{- if contains ":" $v.bindAddress }}
-{{- printf "[%s]:%d" $v.bindAddress (int $v.port) }}
+{{- include "elector-sidecar.hostPort" (dict "host" $v.bindAddress "port" $v.port) }}
+{{- end }}
+
+{{/* host:port from (dict "host" .. "port" ..), [host]:port for an IPv6 host. */}}
+{{- define "elector-sidecar.hostPort" -}}
+{{- if contains ":" .host }}
+{{- printf "[%s]:%d" .host (int .port) }}
 {{- else }}
-{{- printf "%s:%d" $v.bindAddress (int $v.port) }}
+{{- printf "%s:%d" .host (int .port) }}
 {{- end }}
 {{- end }}
 
@@ -144,9 +181,10 @@ httpGet:
 {{- end }}
 
 {{/*
-elector-sidecar.readinessProbe: GET /readyz, or /leader with gateOnLeadership. periodSeconds and
-failureThreshold left at 0 are derived from the ttl: a leader that stepped down (GET /leader answers 503)
-turns unready within ttl/3, at least one 1-second probe.
+elector-sidecar.readinessProbe: GET /healthz (the daemon serves and its election loop runs, whatever Redis
+does), /leader with gateOnLeadership, /readyz with gateOnRedis. periodSeconds and failureThreshold left at
+0 are derived from the ttl: a leader that stepped down (GET /leader answers 503) turns unready within
+ttl/3, at least one 1-second probe.
 */}}
 {{- define "elector-sidecar.readinessProbe" -}}
 {{- $v := include "elector-sidecar.values" . | fromYaml }}
@@ -155,9 +193,12 @@ turns unready within ttl/3, at least one 1-second probe.
 {{- $period := int ($probe.periodSeconds | default 0) }}
 {{- if le $period 0 }}{{ $period = max 1 (div $budgetMs 2000) | int }}{{ end }}
 {{- $threshold := int ($probe.failureThreshold | default 0) }}
-{{- if le $threshold 0 }}{{ $threshold = max 1 (div $budgetMs (mul $period 1000)) | int }}{{ end -}}
+{{- if le $threshold 0 }}{{ $threshold = max 1 (div $budgetMs (mul $period 1000)) | int }}{{ end }}
+{{- $path := "/healthz" }}
+{{- if eq (toString $v.gateOnLeadership) "true" }}{{ $path = "/leader" }}
+{{- else if eq (toString $v.gateOnRedis) "true" }}{{ $path = "/readyz" }}{{ end -}}
 httpGet:
-  path: {{ ternary "/leader" "/readyz" (eq (toString $v.gateOnLeadership) "true") }}
+  path: {{ $path }}
   port: elector-http
 {{- with $probe.initialDelaySeconds }}
 initialDelaySeconds: {{ int . }}

@@ -5,11 +5,14 @@ This is the reference of every key; helm/elector's values.yaml documents the sam
 (tests/helm/test_parent_chart.py keeps the two equal).
 */}}
 {{- define "elector-sidecar.defaults" -}}
+# false: every template of the library renders nothing (no container, volumes, env or ports), so a parent
+# chart can switch the sidecar off with the usual `<alias>.enabled=false` (also as a dependency condition).
+enabled: true
 # The elector image. global.imageRegistry, when set, replaces `registry`.
 image:
   # Registry of the image (empty: `repository` is used as is).
   registry: ghcr.io
-  # Repository inside the registry.
+  # Repository inside the registry (one that names its own registry, ghcr.io/..., keeps it).
   repository: elector-dev/elector
   # Tag. Empty: the library's appVersion.
   tag: ""
@@ -19,8 +22,11 @@ image:
   pullPolicy: IfNotPresent
   # Pull secrets (names, or {name: ...}) that elector-sidecar.imagePullSecrets adds to global.imagePullSecrets.
   pullSecrets: []
-# Name of the lock the replicas compete for (ELECTOR_LOCK). Empty: "<release>-<chart name>" of the including
-# chart (its fullnameOverride / nameOverride when set), the usual full name.
+# Name of the lock the replicas compete for (ELECTOR_LOCK), a template (it may use .Release.Namespace).
+# Empty: "<namespace>/<full name>" of the including chart (full name: "<release>-<chart name>", or its
+# fullnameOverride / nameOverride), at most 63 + 1 + 63 = 127 characters (the daemon takes 200), so two
+# namespaces never share a leader. Name one lock without the namespace only to share it on purpose.
+# A value empty after templating is refused.
 lock: ""
 # The Redis server holding the lock.
 redis:
@@ -65,12 +71,23 @@ leaderFile: ""
 minReplicasAck: 0
 # ELECTOR_REPLICAS_ACK_TIMEOUT, only with minReplicasAck >= 1. Empty: the daemon's default.
 replicasAckTimeout: ""
-# Readiness: false, GET /readyz (ready while the sidecar reaches Redis, whatever its role); true, GET /leader
-# (only the leader is ready: a Service over the pods reaches the leader alone, but followers count as
-# unavailable for rollouts and PodDisruptionBudgets).
+# Readiness (the sidecar's readiness is the pod's: a pod is ready only when all its containers are). Default:
+# GET /healthz, ready once the daemon serves and its election loop runs, whatever Redis does, so a Redis
+# outage never takes the application out of its Service. Redis reachability shows in /readyz's body, the
+# metrics (elector_redis_up) and the alerts (ElectorRedisUnreachable).
+# gateOnLeadership true: GET /leader, only the leader is ready. COST: a Service over the pods reaches the
+# leader alone, but followers count as unavailable for rollouts (maxUnavailable 0 waits for a new pod to
+# win the lock) and PodDisruptionBudgets, and a Redis outage makes every pod unready.
 gateOnLeadership: false
-# Port of the sidecar's HTTP endpoint (/healthz, /readyz, /leader, /metrics), named "elector-http".
-port: 8080
+# gateOnRedis true: GET /readyz, ready only while the daemon reached Redis within the ttl. COST: about one
+# ttl into a Redis outage EVERY replica leaves its Service, and new pods never become ready until Redis
+# is back: the whole application goes down with Redis. Only for pods whose every request needs the lock.
+gateOnRedis: false
+# Port of the sidecar's HTTP endpoint (/healthz, /readyz, /leader, /metrics), named "elector-http". 9809 and
+# not the daemon's own 8080: 8080 is the most common application port (and 9090, 9100 are Prometheus's and the
+# node exporter's); 9809 is in no well-known list and no common framework's default. Two containers of a pod cannot
+# both bind it (the render refuses a port equal to one given in the include's "podPorts").
+port: 9809
 # Address the endpoint listens on: 0.0.0.0 (IPv4) or :: (IPv6 clusters). ELECTOR_HTTP_ADDRESS is
 # <bindAddress>:<port>, and elector-sidecar.appEnv's ELECTOR_LEADER_URL follows both.
 bindAddress: 0.0.0.0
@@ -81,7 +98,9 @@ resources:
     memory: 48Mi
   limits:
     memory: 128Mi
-# Security context of the sidecar container (Pod Security Standard "restricted").
+# Security context of the sidecar container (Pod Security Standard "restricted"). Merged key by key over these
+# defaults; a key set to null is left out (runAsUser: null for OpenShift's restricted SCC, which assigns
+# its own UID). helm/elector passes its whole `elector.securityContext`: a field it lacks is left out.
 securityContext:
   runAsNonRoot: true
   runAsUser: 10001
@@ -98,10 +117,11 @@ livenessProbe:
   periodSeconds: 10
   timeoutSeconds: 2
   failureThreshold: 3
-# Readiness probe timing (GET /readyz, or /leader with gateOnLeadership). periodSeconds and failureThreshold
-# 0: derived from the ttl, so that a leader that stepped down turns unready within ttl/3 (at least 1 s):
-# period max(1, ttl/6 s), threshold max(1, (ttl/3) / period).
+# Readiness probe (GET /healthz; /leader with gateOnLeadership, /readyz with gateOnRedis). enabled false: no
+# readiness probe. periodSeconds and failureThreshold 0: derived from the ttl, so that a leader that stepped
+# down turns unready within ttl/3 (at least 1 s): period max(1, ttl/6 s), threshold max(1, (ttl/3) / period).
 readinessProbe:
+  enabled: true
   initialDelaySeconds: 1
   periodSeconds: 0
   timeoutSeconds: 1
@@ -111,6 +131,14 @@ readinessProbe:
 preStopSleepSeconds: 5
 # ELECTOR_SHUTDOWN_LINGER: seconds /metrics stays up after the release at shutdown. 0: not passed.
 shutdownLingerSeconds: 0
+# A listener compatible with the retired Kubernetes contrib leader-elector sidecar: GET / answers
+# {"name": "<leader>"} (ELECTOR_COMPAT_HTTP_ADDRESS, <bindAddress>:<port>, container port "elector-compat"),
+# so an application that asks http://localhost:4040/ moves to elector by changing the sidecar only.
+leaderElectorCompat:
+  # Open the listener. false: not passed (the daemon's default: off).
+  enabled: false
+  # Its port (leader-elector's conventional --http=localhost:4040).
+  port: 4040
 # More environment variables of the sidecar (list of EnvVar); ELECTOR_HTTP_ADDRESS is refused (set port and
 # bindAddress instead).
 extraEnv: []

@@ -30,6 +30,7 @@ sidecar mounts them, and the pod may set no fsGroup (0440 would hide them from t
 {{- define "elector-sidecar.volumeItems" -}}
 {{- $v := include "elector-sidecar.values" . | fromYaml }}
 {{- $tls := $v.redis.tls | default dict }}
+{{- if $v.enabled }}
 {{- with $v.redis.existingSecret }}
 - name: elector-redis-password
   secret:
@@ -64,6 +65,7 @@ sidecar mounts them, and the pod may set no fsGroup (0440 would hide them from t
     sizeLimit: 1Mi
 {{- end }}
 {{- end }}
+{{- end }}
 
 {{/*
 elector-sidecar.leaderUrl: the URL of the sidecar's /leader for a container of the same pod, on the
@@ -80,11 +82,13 @@ elector-sidecar.appEnv: `env` items for an application container: ELECTOR_LEADER
 */}}
 {{- define "elector-sidecar.appEnv" -}}
 {{- $v := include "elector-sidecar.values" . | fromYaml -}}
+{{- if $v.enabled -}}
 - name: ELECTOR_LEADER_URL
   value: {{ include "elector-sidecar.leaderUrl" . | quote }}
 {{- with $v.leaderFile }}
 - name: ELECTOR_LEADER_FILE
   value: {{ . | quote }}
+{{- end }}
 {{- end }}
 {{- end }}
 
@@ -94,10 +98,12 @@ file, read-only at the directory the sidecar writes it in; nothing without leade
 */}}
 {{- define "elector-sidecar.leaderFileMount" -}}
 {{- $v := include "elector-sidecar.values" . | fromYaml }}
+{{- if $v.enabled }}
 {{- with $v.leaderFile -}}
 - name: elector-leader
   mountPath: {{ dir . | quote }}
   readOnly: true
+{{- end }}
 {{- end }}
 {{- end }}
 
@@ -122,14 +128,14 @@ image.pullSecrets, then the dict's optional "extra" list (names or {name: ...}),
 {{/*
 elector-sidecar.redisPorts: the TCP ports the sidecar connects to, comma-separated, from redis.url: its
 port (default 6379), every Sentinel's port (default 26379) plus the dict's "sentinelMasterPorts" (the
-master's and replicas' ports, which only the sentinels know); nothing for unix://. Fails when a port
+master's and replicas' ports, which only the sentinels know); nothing for unix:// or with enabled false. Fails when a port
 cannot be derived.
 */}}
 {{- define "elector-sidecar.redisPorts" -}}
 {{- $v := include "elector-sidecar.values" . | fromYaml }}
 {{- $url := toString $v.redis.url }}
 {{- $scheme := include "elector-sidecar.redisScheme" $url }}
-{{- if ne $scheme "unix" }}
+{{- if and $v.enabled (ne $scheme "unix") }}
 {{- $sentinel := hasSuffix "+sentinel" $scheme }}
 {{- $authority := include "elector-sidecar.redisAuthority" $url | splitList "@" | last }}
 {{- if not $authority }}

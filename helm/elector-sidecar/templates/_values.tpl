@@ -6,6 +6,8 @@ How every template of this library is called: with a dict
   context    the including chart's root context `$` (release, chart name, Capabilities, global values)
   overrides  optional: values merged over `values` for this one include (e.g. dict "priority" 10 for the
              preferred one of two Deployments on one lock)
+  podPorts   optional, elector-sidecar.container: the ports of the pod's other containers (numbers, or
+             their `ports` items); the render fails when the sidecar's port is one of them
 
 Messages of `fail` name the setting as "elector-sidecar: <key>" and never print the Redis URL.
 */}}
@@ -99,6 +101,18 @@ library and the including chart read settings through it (port, redis.url, gateO
 {{- if or (lt (int $v.port) 1) (gt (int $v.port) 65535) }}
 {{- fail "elector-sidecar: port must be 1..65535" }}
 {{- end }}
+{{- $compat := $v.leaderElectorCompat | default dict }}
+{{- if $compat.enabled }}
+{{- if or (lt (int $compat.port) 1) (gt (int $compat.port) 65535) }}
+{{- fail "elector-sidecar: leaderElectorCompat.port must be 1..65535" }}
+{{- end }}
+{{- if eq (int $compat.port) (int $v.port) }}
+{{- fail (printf "elector-sidecar: leaderElectorCompat.port and port are both %d; the two listeners need two ports" (int $v.port)) }}
+{{- end }}
+{{- end }}
+{{- if and (eq (toString $v.gateOnLeadership) "true") (eq (toString $v.gateOnRedis) "true") }}
+{{- fail "elector-sidecar: gateOnLeadership and gateOnRedis are both true; pick one readiness (gateOnLeadership: only the leader is ready; gateOnRedis: ready while Redis is reached)" }}
+{{- end }}
 {{- $tls := $v.redis.tls | default dict }}
 {{- if $tls.existingSecret }}
 {{- if not (has $scheme (list "rediss" "rediss+sentinel")) }}
@@ -151,35 +165,63 @@ library and the including chart read settings through it (port, redis.url, gateO
 {{- $total | floor | int }}
 {{- end }}
 
-{{/* The lock: values.lock, else the including chart's usual full name. Takes the include dict. */}}
+{{/*
+elector-sidecar.lock: the lock. values.lock rendered as a template (it may use .Release.Namespace), else
+"<namespace>/<full name>" of the including chart, so that releases in two namespaces never share a leader.
+Fails when the result is empty or not a lock name the daemon takes. Takes the include dict.
+*/}}
 {{- define "elector-sidecar.lock" -}}
 {{- $v := include "elector-sidecar.values" . | fromYaml }}
-{{- if $v.lock }}
-{{- $v.lock }}
-{{- else }}
 {{- $ctx := .context }}
-{{- if $ctx.Values.fullnameOverride }}
-{{- $ctx.Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
-{{- else }}
-{{- $name := default $ctx.Chart.Name $ctx.Values.nameOverride }}
-{{- if contains $name $ctx.Release.Name }}
-{{- $ctx.Release.Name | trunc 63 | trimSuffix "-" }}
-{{- else }}
-{{- printf "%s-%s" $ctx.Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- $lock := "" }}
+{{- if ne (toString ($v.lock | default "")) "" }}
+{{- $lock = tpl (toString $v.lock) $ctx | trim }}
+{{- if eq $lock "" }}
+{{- fail "elector-sidecar: lock is empty after templating; leave it \"\" for the default <namespace>/<full name>, or give a template that yields a name" }}
 {{- end }}
+{{- else }}
+{{- $lock = printf "%s/%s" $ctx.Release.Namespace (include "elector-sidecar.fullname" $ctx) }}
+{{- end }}
+{{- if not (regexMatch "^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,199}$" $lock) }}
+{{- fail (printf "elector-sidecar: lock %q is not a lock name: 1-200 characters, letters, digits and . _ : / @ -, starting with a letter or digit" $lock) }}
+{{- end }}
+{{- $lock }}
+{{- end }}
+
+{{/* The including chart's usual full name (fullnameOverride, else "<release>-<name>", at most 63). */}}
+{{- define "elector-sidecar.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
 {{- end }}
 {{- end }}
 {{- end }}
 
 {{/*
 elector-sidecar.image: the image reference: [registry/]repository then @digest, else :tag (default: the
-library's appVersion). global.imageRegistry of the including chart replaces image.registry.
+library's appVersion). global.imageRegistry of the including chart replaces image.registry; a repository
+that names its own registry (ghcr.io/elector-dev/elector, as chart 0.1.0's image.repository) keeps it
+unless global.imageRegistry replaces it.
 */}}
 {{- define "elector-sidecar.image" -}}
 {{- $v := include "elector-sidecar.values" . | fromYaml }}
-{{- $global := .context.Values.global | default dict }}
-{{- $registry := $global.imageRegistry | default $v.image.registry }}
+{{- $global := (.context.Values.global | default dict).imageRegistry }}
 {{- $repository := $v.image.repository }}
+{{- $parts := splitList "/" $repository }}
+{{- $first := first $parts }}
+{{- $ownRegistry := and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) }}
+{{- $registry := $v.image.registry }}
+{{- if $global }}
+{{- $registry = $global }}
+{{- if $ownRegistry }}{{ $repository = rest $parts | join "/" }}{{ end }}
+{{- else if $ownRegistry }}
+{{- $registry = "" }}
+{{- end }}
 {{- if $registry }}{{ $repository = printf "%s/%s" (trimSuffix "/" $registry) $repository }}{{ end }}
 {{- if $v.image.digest }}
 {{- printf "%s@%s" $repository $v.image.digest }}
