@@ -41,6 +41,7 @@ EVERY_SETTING = {
         "leaderFile": "/var/run/elector/leader.json",
         "minReplicasAck": 1,
         "replicasAckTimeout": "100ms",
+        "leaderElectorCompat": {"enabled": True},
     }
 }
 
@@ -90,6 +91,7 @@ def test_every_env_var_exists_in_run_help(render: Render, run_help: str) -> None
         "ELECTOR_LEADER_FILE",
         "ELECTOR_MIN_REPLICAS_ACK",
         "ELECTOR_REPLICAS_ACK_TIMEOUT",
+        "ELECTOR_COMPAT_HTTP_ADDRESS",
     }
     assert elector_vars <= known, elector_vars - known
     # the only other variable is the identity, which the daemon reads from $POD_NAME
