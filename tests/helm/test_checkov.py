@@ -4,8 +4,9 @@ checks. A check the charts skip is skipped inline, in the template, with its rea
 
 helm/elector and helm/elector-operator are rendered with each of their ci/*-values.yaml; the library
 elector-sidecar renders only inside a chart, and helm/elector includes it exactly as any chart does.
-checkov lives in a virtualenv of its own (.venv/checkov, made by scripts/checkov-venv.sh on first use):
-its pinned dependencies conflict with the project's. When it cannot be had, the test fails saying why.
+checkov lives in a virtualenv of its own, in the user cache (~/.cache/elector/checkov-VERSION, made
+by scripts/checkov-venv.sh on first use): its pinned dependencies conflict with the project's.
+When it cannot be had, the test fails saying why.
 """
 
 from __future__ import annotations
@@ -41,11 +42,13 @@ def checkov() -> str:
         )
     except subprocess.TimeoutExpired:
         pytest.fail(
-            "scripts/checkov-venv.sh did not finish within 900 s (pip install checkov into .venv/checkov)"
+            "scripts/checkov-venv.sh did not finish within 900 s "
+            "(pip install checkov into its own venv in ~/.cache/elector)"
         )
     if result.returncode != 0:
         pytest.fail(
-            "checkov is missing and scripts/checkov-venv.sh could not install it into .venv/checkov "
+            "checkov is missing and scripts/checkov-venv.sh could not install it "
+            "into its own venv in ~/.cache/elector "
             f"(PyPI reachable?):\n{result.stderr[-2000:]}"
         )
     return str(REPO / result.stdout.strip().splitlines()[-1])
