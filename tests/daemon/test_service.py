@@ -25,6 +25,7 @@ from elector.election import ElectionTiming, StepDownReason
 from elector.metrics import MetricFamilies
 from elector.testing.redis_server import RedisServerProcess
 from tests.support.daemon import DaemonProcess, wait_until
+from tests.support.lateness import thread_lateness
 from tests.support.waiting import until
 
 TTL_S = 1.0
@@ -99,10 +100,16 @@ def test_sigkill_of_the_leader_is_taken_over_within_the_ttl(daemon, seeded) -> N
     wait_until(a.is_leader, timeout_s=3)
     b = daemon("b")
     time.sleep(0.7)
-    killed_at = time.monotonic()
-    a.signal(signal.SIGKILL)
-    took_over_at = wait_until(b.is_leader, timeout_s=3 * TTL_S)
-    assert took_over_at - killed_at <= TTL_S + 0.25
+    with thread_lateness() as lateness:
+        killed_at = time.time()
+        a.signal(signal.SIGKILL)
+        wait_until(b.is_leader, timeout_s=3 * TTL_S)
+    # When b took over by its own log, not when our HTTP poll got the CPU to see it. Its wake-up
+    # at a's lease end and its acquisition may each run as late as this process was measured to
+    # (a loaded machine); on an idle one, the bound is the ttl and 0.25 s, as it always was.
+    took_over_at = b.logged_at("acquired", identity="b")
+    assert took_over_at is not None
+    assert took_over_at - killed_at <= TTL_S + 0.25 + 2 * lateness.worst_s, lateness
 
 
 def test_sigterm_of_the_leader_hands_over_without_waiting_for_the_ttl(daemon, seeded) -> None:
@@ -111,10 +118,15 @@ def test_sigterm_of_the_leader_hands_over_without_waiting_for_the_ttl(daemon, se
     b = daemon("b")
     time.sleep(0.5)
     token_a = (a.leader() or {})["fencing_token"]
-    stopped_at = time.monotonic()
-    a.signal(signal.SIGTERM)
-    took_over_at = wait_until(b.is_leader, timeout_s=3 * TTL_S)
-    assert took_over_at - stopped_at < TTL_S / 2
+    with thread_lateness() as lateness:
+        stopped_at = time.time()
+        a.signal(signal.SIGTERM)
+        wait_until(b.is_leader, timeout_s=3 * TTL_S)
+    # By b's own log (not our HTTP poll): well before a's ttl would have run out. a's release,
+    # its announcement and b's acquisition may each run as late as this process was measured to.
+    took_over_at = b.logged_at("acquired", identity="b")
+    assert took_over_at is not None
+    assert took_over_at - stopped_at < TTL_S / 2 + 3 * lateness.worst_s, lateness
     assert a.wait() == 0
     assert (b.leader() or {})["fencing_token"] > token_a
     events = [line["event"] for line in a.log_lines()]
@@ -134,10 +146,10 @@ def test_the_shutdown_step_down_is_scraped_while_the_daemon_lingers(daemon, seed
     assert metric(text, "elector_is_leader", lock="jobs") == 0
     assert seeded.get("elector:{jobs}:lease") is None  # the lease went before the linger
     assert a.process is not None and a.process.poll() is None  # lingering, not gone
-    lingered_from = time.monotonic()
     a.signal(signal.SIGTERM)  # a second signal ends it at once; the lease was released: exit 0
-    assert a.wait(timeout_s=3) == 0
-    assert time.monotonic() - lingered_from < 2.0
+    # Gone well inside the 30 s linger it would otherwise serve: a bound set by that alternative,
+    # not by how fast a loaded machine winds a process down (a fixed 2 s was such a guess).
+    assert a.wait(timeout_s=15) == 0
 
 
 def test_a_shutdown_linger_out_of_range_is_refused(daemon, seeded, redis_url: str) -> None:
@@ -154,10 +166,14 @@ def test_a_follower_exits_at_once_on_sigterm(daemon, seeded) -> None:
     a = daemon("a")
     wait_until(a.is_leader, timeout_s=3)
     b = daemon("b")
-    started = time.monotonic()
-    b.signal(signal.SIGTERM)
-    assert b.wait() == 0
-    assert time.monotonic() - started < 1.0
+    with thread_lateness() as lateness:
+        started = time.monotonic()
+        b.signal(signal.SIGTERM)
+        assert b.wait() == 0
+        exited_s = time.monotonic() - started
+    # 1 s on an idle machine; a loaded one delays the wake-ups of the shutdown by as much as
+    # this process was measured to be delayed meanwhile.
+    assert exited_s < 1.0 + 2 * lateness.worst_s, lateness
     assert a.is_leader()
 
 
@@ -171,12 +187,16 @@ def test_a_second_signal_exits_at_once_without_waiting_for_the_release(
     wait_until(a.is_leader, timeout_s=3)
     redis_server.pause()
     try:
-        started = time.monotonic()
-        a.signal(signal.SIGTERM)
-        time.sleep(0.1)
-        a.signal(signal.SIGTERM)
-        assert a.wait(timeout_s=3) == 1
-        assert time.monotonic() - started < 1.5
+        with thread_lateness() as lateness:
+            started = time.monotonic()
+            a.signal(signal.SIGTERM)
+            time.sleep(0.1)
+            a.signal(signal.SIGTERM)
+            assert a.wait(timeout_s=10) == 1
+            exited_s = time.monotonic() - started
+        # On a loaded machine each wake-up of the exit may be late by as much as this process was
+        # measured to be (the message shows it when the bound nears the 2.5 s it must beat).
+        assert exited_s < 1.5 + 2 * lateness.worst_s, lateness
     finally:
         redis_server.resume()
     assert "exiting_now" in [line["event"] for line in a.log_lines()]
@@ -219,10 +239,10 @@ def test_a_first_signal_ends_the_linger_of_a_daemon_exiting_by_itself(daemon, se
     wait_until(a.is_leader, timeout_s=3)
     seeded.delete("elector:{jobs}:lease")
     wait_until(lambda: "lingering" in [line["event"] for line in a.log_lines()], timeout_s=3)
-    signalled_at = time.monotonic()
     a.signal(signal.SIGTERM)  # the kubelet's, say: it must not wait for the whole linger
-    assert a.wait(timeout_s=5) == 3
-    assert time.monotonic() - signalled_at < 3.0
+    # Well inside the 60 s linger: a bound set by that alternative, not by how fast a loaded
+    # machine winds a process down (a fixed 3 s was such a guess).
+    assert a.wait(timeout_s=30) == 3
 
 
 def test_logs_are_json_with_context_and_quiet_at_info(daemon, seeded) -> None:

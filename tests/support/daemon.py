@@ -6,6 +6,7 @@ the test's redis-server, waits for their HTTP endpoint, and stops every one afte
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -118,6 +119,17 @@ class DaemonProcess:
             except ValueError:
                 continue
         return lines
+
+    def logged_at(self, event: str, **fields: object) -> float | None:
+        """When (on time.time()'s clock) the daemon logged its first `event` with these fields.
+
+        The daemon's own moment: a test that polls HTTP for a change notices it only as soon as
+        its own poll gets the CPU, which on a loaded machine can be much later.
+        """
+        for line in self.log_lines():
+            if line.get("event") == event and all(line.get(k) == v for k, v in fields.items()):
+                return datetime.datetime.fromisoformat(line["timestamp"]).timestamp()
+        return None
 
 
 class DaemonStarter:
