@@ -29,6 +29,8 @@ from tests.support.lateness import thread_lateness
 from tests.support.waiting import until
 
 TTL_S = 1.0
+#: A bound on a hang, not a claim: a started daemon leads, however long a loaded machine takes.
+START_S = 10.0
 
 
 def metric(text: str, name: str, **labels: str) -> float | None:
@@ -47,7 +49,7 @@ def metric(text: str, name: str, **labels: str) -> float | None:
 
 def test_one_leader_and_every_endpoint_and_metric(daemon, seeded) -> None:
     a = daemon("a")
-    wait_until(a.is_leader, timeout_s=3)
+    wait_until(a.is_leader, timeout_s=START_S)
     b = daemon("b")
     wait_until(lambda: b.get("/readyz")[0] == 200, timeout_s=3)
     time.sleep(0.5)
@@ -97,7 +99,7 @@ def test_one_leader_and_every_endpoint_and_metric(daemon, seeded) -> None:
 
 def test_sigkill_of_the_leader_is_taken_over_within_the_ttl(daemon, seeded) -> None:
     a = daemon("a")
-    wait_until(a.is_leader, timeout_s=3)
+    wait_until(a.is_leader, timeout_s=START_S)
     b = daemon("b")
     time.sleep(0.7)
     with thread_lateness() as lateness:
@@ -114,7 +116,7 @@ def test_sigkill_of_the_leader_is_taken_over_within_the_ttl(daemon, seeded) -> N
 
 def test_sigterm_of_the_leader_hands_over_without_waiting_for_the_ttl(daemon, seeded) -> None:
     a = daemon("a")
-    wait_until(a.is_leader, timeout_s=3)
+    wait_until(a.is_leader, timeout_s=START_S)
     b = daemon("b")
     time.sleep(0.5)
     token_a = (a.leader() or {})["fencing_token"]
@@ -137,7 +139,7 @@ def test_sigterm_of_the_leader_hands_over_without_waiting_for_the_ttl(daemon, se
 
 def test_the_shutdown_step_down_is_scraped_while_the_daemon_lingers(daemon, seeded) -> None:
     a = daemon("a", "--shutdown-linger", "30s")
-    wait_until(a.is_leader, timeout_s=3)
+    wait_until(a.is_leader, timeout_s=START_S)
     a.signal(signal.SIGTERM)
     # Released, then still serving: the final counters can be scraped.
     wait_until(lambda: "lingering" in [line["event"] for line in a.log_lines()], timeout_s=3)
@@ -164,7 +166,7 @@ def test_a_shutdown_linger_out_of_range_is_refused(daemon, seeded, redis_url: st
 
 def test_a_follower_exits_at_once_on_sigterm(daemon, seeded) -> None:
     a = daemon("a")
-    wait_until(a.is_leader, timeout_s=3)
+    wait_until(a.is_leader, timeout_s=START_S)
     b = daemon("b")
     with thread_lateness() as lateness:
         started = time.monotonic()
@@ -184,7 +186,7 @@ def test_a_second_signal_exits_at_once_without_waiting_for_the_release(
     # well before that shows the second signal did not wait for it. A fixed 0.6 s bound
     # failed once at 0.62 s on a loaded machine: the margin is now the timeout itself.
     a = daemon("a", "--request-timeout", "2.5s", ttl="10s")
-    wait_until(a.is_leader, timeout_s=3)
+    wait_until(a.is_leader, timeout_s=START_S)
     redis_server.pause()
     try:
         with thread_lateness() as lateness:
@@ -206,7 +208,7 @@ def test_redis_outage_fails_readiness_not_liveness_and_ends_leadership(
     daemon, seeded, redis_server: RedisServerProcess
 ) -> None:
     a = daemon("a")
-    wait_until(a.is_leader, timeout_s=3)
+    wait_until(a.is_leader, timeout_s=START_S)
     redis_server.pause()  # the server stops answering: a silent outage
     try:
         wait_until(lambda: not a.is_leader(), timeout_s=2 * TTL_S)
@@ -226,7 +228,7 @@ def test_redis_outage_fails_readiness_not_liveness_and_ends_leadership(
 
 def test_exit_on_loss_exits_with_code_3(daemon, seeded) -> None:
     a = daemon("a", "--exit-on-loss")
-    wait_until(a.is_leader, timeout_s=3)
+    wait_until(a.is_leader, timeout_s=START_S)
     seeded.delete("elector:{jobs}:lease")
     assert a.wait(timeout_s=3) == 3
     lines = a.log_lines()
@@ -236,7 +238,7 @@ def test_exit_on_loss_exits_with_code_3(daemon, seeded) -> None:
 
 def test_a_first_signal_ends_the_linger_of_a_daemon_exiting_by_itself(daemon, seeded) -> None:
     a = daemon("a", "--exit-on-loss", "--shutdown-linger", "60s")
-    wait_until(a.is_leader, timeout_s=3)
+    wait_until(a.is_leader, timeout_s=START_S)
     seeded.delete("elector:{jobs}:lease")
     wait_until(lambda: "lingering" in [line["event"] for line in a.log_lines()], timeout_s=3)
     a.signal(signal.SIGTERM)  # the kubelet's, say: it must not wait for the whole linger
@@ -247,7 +249,7 @@ def test_a_first_signal_ends_the_linger_of_a_daemon_exiting_by_itself(daemon, se
 
 def test_logs_are_json_with_context_and_quiet_at_info(daemon, seeded) -> None:
     a = daemon("a")
-    wait_until(a.is_leader, timeout_s=3)
+    wait_until(a.is_leader, timeout_s=START_S)
     time.sleep(1.5)  # several renewals
     a.signal(signal.SIGTERM)
     assert a.wait() == 0
@@ -347,7 +349,7 @@ def test_a_sigkilled_leaders_file_stops_passing_the_check_before_anyone_else_lea
     files = [tmp_path / "a.json", tmp_path / "b.json"]
     with LeaderFileSampler(files) as sampler:
         a = daemon("a", "--leader-file", str(files[0]))
-        wait_until(a.is_leader, timeout_s=3)
+        wait_until(a.is_leader, timeout_s=START_S)
         b = daemon("b", "--leader-file", str(files[1]))
         time.sleep(0.7)  # several renewals, each moving a's validity end
         assert check_command(files[0]).returncode == 0
@@ -379,7 +381,7 @@ def test_a_restarting_daemon_says_not_leading_before_anything_else(
 ) -> None:
     path = tmp_path / "leader.json"
     a = daemon("a", "--leader-file", str(path), ttl="10s")
-    wait_until(a.is_leader, timeout_s=3)
+    wait_until(a.is_leader, timeout_s=START_S)
     wait_until(lambda: json.loads(path.read_text())["is_leader"], timeout_s=3)
     a.signal(signal.SIGKILL)
     a.wait()
