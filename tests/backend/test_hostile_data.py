@@ -97,13 +97,20 @@ class Harness:
         value = self.registry.get_sample_value(name, {"lock": LOCK, **labels})
         return 0.0 if value is None else value
 
-    def errors(self) -> float:
+    def errors(self, *, but: tuple[str, ...] = ()) -> float:
+        """Redis errors counted, of every kind but those in `but`."""
         families = {family.name: family for family in self.registry.collect()}
         return sum(
             sample.value
             for sample in families["elector_redis_errors"].samples
-            if sample.name.endswith("_total")
+            if sample.name.endswith("_total") and sample.labels.get("kind") not in but
         )
+
+    def warnings(self) -> list[dict[str, Any]]:
+        """Warning lines, but those of requests that timed out: on a loaded machine a real Redis
+        can miss a 1 s ttl's request timeout, which says nothing about the data under test."""
+        warned = [line for line in self.lines() if line.get("level") == "warning"]
+        return [line for line in warned if line.get("error_kind") != "timeout"]
 
     async def watch(self, raw: redis.asyncio.Redis, seconds: float) -> tuple[bool, float]:
         """(led at any sample, script calls per second sent meanwhile)."""
@@ -251,7 +258,7 @@ async def test_foreign_data_blocks_without_a_false_lead_or_a_hot_loop_and_recove
     assert not led, "the election claimed the lead while foreign data held the lock"
     assert calls_per_s <= MAX_CALLS_PER_S, f"{calls_per_s:.0f} script calls/s: a hot loop"
     assert await raw.dump(KEYS.lease) == stored, "the election overwrote data it did not write"
-    warnings = [line for line in harness.lines() if line.get("level") == "warning"]
+    warnings = harness.warnings()
     if fragment:
         assert any(fragment in json.dumps(line) for line in warnings), warnings or "no warning"
     else:
@@ -307,10 +314,12 @@ async def test_ignored_garbage_does_not_stop_leadership(
         led, calls_per_s = await harness.watch(raw, 1.0)
     assert led and calls_per_s <= MAX_CALLS_PER_S
     # A renewal every ttl/3 while it leads: 3 in the watched second, at least 2 on an idle machine;
-    # each renewal's timer may fire as late as the loop was measured to run on a loaded one.
+    # each renewal's timer may fire as late as the loop was measured to run on a loaded one, where
+    # a renewal can also time out (an error of kind "timeout": the load, not the data under test).
     renewed = harness.sample("elector_renewals_total", result="ok")
-    assert renewed >= 1.0 / (TTL_S / 3 + lateness.worst_s) - 1, (renewed, lateness)
-    assert harness.errors() == 0
+    timed_out = harness.sample("elector_redis_errors_total", kind="timeout")
+    assert renewed + timed_out >= 1.0 / (TTL_S / 3 + lateness.worst_s) - 1, (renewed, timed_out, lateness)
+    assert harness.errors(but=("timeout",)) == 0
 
 
 async def test_a_mimic_written_while_leading_ends_the_lead_at_once_and_for_good(

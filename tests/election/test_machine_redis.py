@@ -112,10 +112,15 @@ async def test_ten_candidates_one_leader_at_every_moment(start, raw) -> None:
     candidates = [start(f"c{i}") for i in range(10)]
     counts = await sample_leaders(candidates, seconds=3.0)
     assert max(counts) == 1
-    assert counts[-1] == 1
-    assert sum(c.election.status().is_leader for c in candidates) == 1
     grants = sum(1 for c in candidates for o in c.outcomes if o.kind is OutcomeKind.ACQUIRED)
-    assert grants == 1  # a renewing leader keeps the lease: no churn over 3 ttl
+    down = [o for c in candidates for o in c.step_downs()]
+    # A renewing leader keeps the lease: no churn over 3 ttl. On a machine loaded enough that a
+    # renewal misses its deadline (seen at a load average of 20), the leader steps down and one
+    # other is granted once its lease ran out: every extra grant follows a step-down, never more.
+    assert grants == 1 + len(down), [(o.kind, o.step_down_reason) for o in down]
+    if not down:
+        assert counts[-1] == 1
+        assert sum(c.election.status().is_leader for c in candidates) == 1
 
 
 async def test_a_renewing_leader_keeps_its_lease(start, raw) -> None:
@@ -219,9 +224,11 @@ async def test_redis_restarted_without_data_never_gives_two_leaders(
 
 
 async def test_graceful_stop_hands_over_at_once(start, raw) -> None:
-    leader = start("a")
+    # A 3 s ttl: its 1 s request timeout lets the release land on a loaded machine (at 1 s, a
+    # release timed out at a load average of 20), and the ttl it must beat is further away.
+    leader = start("a", ttl_s=3.0)
     await asyncio.sleep(0.3)
-    follower = start("b")
+    follower = start("b", ttl_s=3.0)
     await asyncio.sleep(0.3)
     loop = asyncio.get_running_loop()
     async with loop_lateness() as lateness:

@@ -59,7 +59,13 @@ class DaemonProcess:
             self.process = subprocess.Popen(self.command, stdout=log, stderr=log, env=self.env)
         return self
 
-    def wait_http(self, timeout_s: float = 10.0) -> None:
+    def wait_http(self, timeout_s: float = 60.0) -> None:
+        """Wait until the daemon serves HTTP; fail at once if it exits.
+
+        The timeout bounds a hang, nothing else: a daemon that cannot start exits and is reported
+        at once. Starting Python and its imports took over 10 s (the old bound) on a 2-core machine
+        with a load average of 20 (make test-loaded while other jobs ran), so it is generous.
+        """
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.get("/healthz")[0] != 0:
