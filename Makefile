@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := demo
-.PHONY: demo test lint bench bench-setup setup system-deps clean distclean
+.PHONY: demo test test-loaded lint bench bench-setup setup system-deps clean distclean
 
 demo: $(STAMP)
 	$(BIN)/elector demo
@@ -18,6 +18,12 @@ TEST_WORKERS ?= 4
 
 test: lint system-deps
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal
+
+# `make test` on a busy machine, reproduced anywhere (not part of `make test`): the same suite while
+# two busy processes, a disk writer and the fault suite's soak (on OS-chosen ports, clear of the
+# workers' port blocks) run beside it for its whole length, stopped when it ends (also on Ctrl-C).
+test-loaded: $(STAMP)
+	$(BIN)/python scripts/test_loaded.py
 
 # promtool (for the alerting rules' tests), installed with apt when run as root.
 system-deps:

@@ -36,6 +36,7 @@ from elector.backend.lua.lease import LockKeys
 from elector.daemon.logs import LogSettings, OutcomeLogger, configure_logging, make_logger
 from elector.election import Election, ElectionHooks, ElectionTiming
 from elector.metrics import ElectionMetrics
+from tests.support.lateness import loop_lateness
 from tests.support.seed import seed_used_lock_async
 
 LOCK = "jobs"
@@ -47,6 +48,8 @@ WATCH_S = 2.0
 #: A hot loop would send thousands of requests a second; the back-off caps a failing election
 #: at a few (0.3 x ttl at most between attempts after a few failures, jitter included).
 MAX_CALLS_PER_S = 25
+#: A bound on a hang, not a claim: leading at start-up, however long a loaded machine takes.
+START_S = 10.0
 
 
 class Harness:
@@ -94,13 +97,20 @@ class Harness:
         value = self.registry.get_sample_value(name, {"lock": LOCK, **labels})
         return 0.0 if value is None else value
 
-    def errors(self) -> float:
+    def errors(self, *, but: tuple[str, ...] = ()) -> float:
+        """Redis errors counted, of every kind but those in `but`."""
         families = {family.name: family for family in self.registry.collect()}
         return sum(
             sample.value
             for sample in families["elector_redis_errors"].samples
-            if sample.name.endswith("_total")
+            if sample.name.endswith("_total") and sample.labels.get("kind") not in but
         )
+
+    def warnings(self) -> list[dict[str, Any]]:
+        """Warning lines, but those of requests that timed out: on a loaded machine a real Redis
+        can miss a 1 s ttl's request timeout, which says nothing about the data under test."""
+        warned = [line for line in self.lines() if line.get("level") == "warning"]
+        return [line for line in warned if line.get("error_kind") != "timeout"]
 
     async def watch(self, raw: redis.asyncio.Redis, seconds: float) -> tuple[bool, float]:
         """(led at any sample, script calls per second sent meanwhile)."""
@@ -248,7 +258,7 @@ async def test_foreign_data_blocks_without_a_false_lead_or_a_hot_loop_and_recove
     assert not led, "the election claimed the lead while foreign data held the lock"
     assert calls_per_s <= MAX_CALLS_PER_S, f"{calls_per_s:.0f} script calls/s: a hot loop"
     assert await raw.dump(KEYS.lease) == stored, "the election overwrote data it did not write"
-    warnings = [line for line in harness.lines() if line.get("level") == "warning"]
+    warnings = harness.warnings()
     if fragment:
         assert any(fragment in json.dumps(line) for line in warnings), warnings or "no warning"
     else:
@@ -299,24 +309,38 @@ async def test_ignored_garbage_does_not_stop_leadership(
 ) -> None:
     await write(raw)
     harness.start()
-    assert await harness.leads_within(2.0)
-    led, calls_per_s = await harness.watch(raw, 1.0)
+    assert await harness.leads_within(START_S)
+    async with loop_lateness() as lateness:
+        led, calls_per_s = await harness.watch(raw, 1.0)
     assert led and calls_per_s <= MAX_CALLS_PER_S
-    assert harness.sample("elector_renewals_total", result="ok") >= 2
-    assert harness.errors() == 0
+    # A renewal every ttl/3 while it leads: 3 in the watched second, at least 2 on an idle machine;
+    # each renewal's timer may fire as late as the loop was measured to run on a loaded one, where
+    # a renewal can also time out (an error of kind "timeout": the load, not the data under test).
+    renewed = harness.sample("elector_renewals_total", result="ok")
+    timed_out = harness.sample("elector_redis_errors_total", kind="timeout")
+    assert renewed + timed_out >= 1.0 / (TTL_S / 3 + lateness.worst_s) - 1, (renewed, timed_out, lateness)
+    assert harness.errors(but=("timeout",)) == 0
 
 
 async def test_a_mimic_written_while_leading_ends_the_lead_at_once_and_for_good(
     harness: Harness, raw: redis.asyncio.Redis
 ) -> None:
     harness.start()
-    assert await harness.leads_within(2.0)
+    assert await harness.leads_within(START_S)
     ours = await raw.get(KEYS.lease)
     assert ours is not None
     forged = _mimic()
-    await raw.set(KEYS.lease, forged, px=60_000)
-    # The next renewal (0.3 ttl) finds another value: lost, never renewed or adopted.
-    await asyncio.sleep(0.3 * TTL_S + 0.3)
+    loop = asyncio.get_running_loop()
+    async with loop_lateness() as lateness:
+        forged_at = loop.time()
+        await raw.set(KEYS.lease, forged, px=60_000)
+        while harness.election.status().is_leader:
+            assert loop.time() - forged_at < 10 * TTL_S, "still leading"  # a bound on a hang
+            await asyncio.sleep(0.005)
+    # The next renewal (every ttl/3) finds another value: lost at once (0.6 s, which a fixed sleep
+    # used to allow, plus its timer as late as the loop was measured to run) ...
+    assert loop.time() - forged_at < 0.3 * TTL_S + 0.3 + lateness.worst_s, lateness
+    # ... and never renewed or adopted.
     led, _ = await harness.watch(raw, 1.0)
     assert not led
     assert await raw.get(KEYS.lease) == forged.encode()
@@ -327,7 +351,7 @@ async def test_a_lease_turned_into_a_hash_while_leading_ends_the_lead_before_the
     harness: Harness, raw: redis.asyncio.Redis
 ) -> None:
     harness.start()
-    assert await harness.leads_within(2.0)
+    assert await harness.leads_within(START_S)
     await raw.delete(KEYS.lease)
     await raw.hset(KEYS.lease, "a", "b")
     loop = asyncio.get_running_loop()

@@ -139,19 +139,28 @@ async def test_a_batch_shares_one_wait(
     # Five scripts and ONE WAIT in one round trip (plus one reload on this fresh server).
     assert batcher.stats.largest_batch == 5
     assert batcher.stats.pipelines == 1 + bool(batcher.stats.noscript_retries)
+    waits_before, reloads_before = await wait_calls(client), batcher.stats.noscript_retries
     replica.pause()
     try:
-        started = time.monotonic()
         errors = await asyncio.gather(
             *(b.renew(r.lease) for b, r in zip(backends, results, strict=True) if isinstance(r, Granted)),
             return_exceptions=True,
         )
-        elapsed_s = time.monotonic() - started
     finally:
         replica.resume()
     assert all(isinstance(e, ReplicationAckError) for e in errors), errors
-    assert elapsed_s < 2 * ACK.timeout_ms / 1000 + 0.5  # one WAIT for the batch, not five in a row
+    # One WAIT for the batch, not five in a row (plus one for the retry that loads the renewal
+    # script on this fresh server): counted by the server. This replaces an elapsed-time bound
+    # (0.8 s, against five WAITs' 0.75 s) that a loaded machine could break either way.
+    reloaded = batcher.stats.noscript_retries > reloads_before
+    assert await wait_calls(client) == waits_before + 1 + reloaded
     await batcher.aclose()
+
+
+async def wait_calls(client: redis.asyncio.Redis) -> int:
+    """How many WAIT commands the server has run (INFO commandstats)."""
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_wait", {}).get("calls", 0))
 
 
 async def test_without_replicas_every_grant_fails(redis_server: RedisServerProcess) -> None:
@@ -186,15 +195,18 @@ def test_daemon_steps_down_when_renewals_are_not_acknowledged(
         wait_until(daemon.is_leader, timeout_s=10)
         replica.pause()
         try:
-            paused_at = time.monotonic()
-            stepped_at = wait_until(lambda: not daemon.is_leader(), timeout_s=5)
+            paused_at = time.time()
+            wait_until(lambda: not daemon.is_leader(), timeout_s=5)
             # As a follower its grants are not acknowledged either: logged with the reason.
             wait_until(lambda: "only 0 of 1 replicas acknowledged" in daemon.logs_text(), timeout_s=5)
             metrics = daemon.metrics()
         finally:
             replica.resume()
-        # The renew deadline (2/3 ttl) after the last acknowledged renewal, never the ttl itself.
-        assert stepped_at - paused_at < 1.0
+        # The renew deadline (2/3 ttl) after the last acknowledged renewal, never the ttl itself:
+        # judged by when the daemon stepped down (its log), not by when an HTTP poll of the test
+        # got the CPU to notice, which on a loaded machine can be much later.
+        stepped_at = daemon.logged_at("stepped_down", reason="renew_deadline")
+        assert stepped_at is not None and stepped_at - paused_at < 1.0, daemon.logs_text()[-3000:]
         assert 'elector_renewals_total{lock="jobs",result="error"}' in metrics
         assert 'reason="renew_deadline"' in metrics
         assert 'elector_acquire_attempts_total{lock="jobs",result="error"}' in metrics

@@ -233,10 +233,12 @@ async def test_calls_closer_than_the_flush_spacing_share_a_pipeline(client_for) 
     """A call right after a flush waits out the spacing, and the calls meanwhile join it; a call
     after a quiet spell goes out at once (no batch was sent within the spacing)."""
     client = client_for()
-    batcher = ScriptBatcher(client, min_flush_interval_s=0.2)
+    # A spacing of 1 s: the third call below must come within it, after a 10 ms sleep that a loaded
+    # machine can stretch (a 0.2 s spacing left 0.19 s for that: a guess about the load).
+    batcher = ScriptBatcher(client, min_flush_interval_s=1.0)
     script = client.register_script("return ARGV[1]")
     assert await batcher.run_script(script, args=["warm"]) == b"warm"  # loads the script
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(1.1)
     pipelines, largest = batcher.stats.pipelines, batcher.stats.largest_batch
     first = asyncio.ensure_future(batcher.run_script(script, args=["a"]))
     await asyncio.sleep(0)  # the first call's own iteration: sent alone, at once

@@ -61,7 +61,10 @@ def test_handoff_to_a_named_candidate(redis_url, daemon, seeded) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "asked a to hand over to c" in result.stdout
     assert "handed over from a to c (fencing token " in result.stdout
-    assert time.monotonic() - started < 10
+    # The handoff itself is proven by the output above; the time only rules out a hang. A fixed
+    # 10 s was a guess at the CLI's start-up, which took 9 s on a 2-core machine at a load
+    # average of 20 (make test-loaded beside other jobs); half the 60 s child timeout instead.
+    assert time.monotonic() - started < 30
     assert holder(seeded) == "c"
     wait_until(c.is_leader, timeout_s=3)
     assert not a.is_leader() and not b.is_leader()
@@ -163,7 +166,10 @@ def test_a_leader_that_does_not_react_times_out(redis_url, seeded) -> None:
     started = time.monotonic()
     result = handoff(redis_url, "--to", "b", "--timeout", "800ms")
     assert result.returncode == 1
-    assert 0.8 <= time.monotonic() - started < 8
+    # Given up after its 0.8 s, not after the 60 s lease it would otherwise wait out. The upper bound
+    # is set by that alternative: a fixed 8 s failed at 9.7 s, the CLI's start-up on a 2-core machine
+    # at a load average of 20 (make test-loaded beside other jobs).
+    assert 0.8 <= time.monotonic() - started < 30
     assert "the handoff did not complete within 0.8s: still held by frozen (fencing token " in result.stderr
     assert holder(seeded) == "frozen"
 

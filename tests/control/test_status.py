@@ -329,7 +329,9 @@ def test_url_query_cannot_lengthen_the_timeout(silent_port: int) -> None:
     started = time.monotonic()
     result = status(f"redis://127.0.0.1:{silent_port}/0?socket_timeout=3", "orders", "--timeout", "500ms")
     assert result.exit_code in (1, 2)
-    assert time.monotonic() - started < 2
+    # Sooner than the URL's 3 s: the bound is that alternative, not a guess at how late a loaded
+    # machine runs the 500 ms timeout (it was a fixed 2 s).
+    assert time.monotonic() - started < 3
 
 
 # -- candidates and --watch ----------------------------------------------------------------------

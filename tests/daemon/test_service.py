@@ -29,9 +29,12 @@ from elector.election import ElectionTiming, StepDownReason
 from elector.metrics import MetricFamilies
 from elector.testing.redis_server import RedisServerProcess, free_tcp_port
 from tests.support.daemon import DaemonProcess, wait_until
+from tests.support.lateness import thread_lateness
 from tests.support.waiting import until
 
 TTL_S = 1.0
+#: A bound on a hang, not a claim: a started daemon leads, however long a loaded machine takes.
+START_S = 10.0
 
 
 def metric(text: str, name: str, **labels: str) -> float | None:
@@ -50,7 +53,7 @@ def metric(text: str, name: str, **labels: str) -> float | None:
 
 def test_one_leader_and_every_endpoint_and_metric(daemon, seeded) -> None:
     a = daemon("a")
-    wait_until(a.is_leader, timeout_s=3)
+    wait_until(a.is_leader, timeout_s=START_S)
     b = daemon("b")
     wait_until(lambda: b.get("/readyz")[0] == 200, timeout_s=3)
     time.sleep(0.5)
@@ -100,25 +103,36 @@ def test_one_leader_and_every_endpoint_and_metric(daemon, seeded) -> None:
 
 def test_sigkill_of_the_leader_is_taken_over_within_the_ttl(daemon, seeded) -> None:
     a = daemon("a")
-    wait_until(a.is_leader, timeout_s=3)
+    wait_until(a.is_leader, timeout_s=START_S)
     b = daemon("b")
     time.sleep(0.7)
-    killed_at = time.monotonic()
-    a.signal(signal.SIGKILL)
-    took_over_at = wait_until(b.is_leader, timeout_s=3 * TTL_S)
-    assert took_over_at - killed_at <= TTL_S + 0.25
+    with thread_lateness() as lateness:
+        killed_at = time.time()
+        a.signal(signal.SIGKILL)
+        wait_until(b.is_leader, timeout_s=3 * TTL_S)
+    # When b took over by its own log, not when our HTTP poll got the CPU to see it. Its wake-up
+    # at a's lease end and its acquisition may each run as late as this process was measured to
+    # (a loaded machine); on an idle one, the bound is the ttl and 0.25 s, as it always was.
+    took_over_at = b.logged_at("acquired", identity="b")
+    assert took_over_at is not None
+    assert took_over_at - killed_at <= TTL_S + 0.25 + 2 * lateness.worst_s, lateness
 
 
 def test_sigterm_of_the_leader_hands_over_without_waiting_for_the_ttl(daemon, seeded) -> None:
     a = daemon("a")
-    wait_until(a.is_leader, timeout_s=3)
+    wait_until(a.is_leader, timeout_s=START_S)
     b = daemon("b")
     time.sleep(0.5)
     token_a = (a.leader() or {})["fencing_token"]
-    stopped_at = time.monotonic()
-    a.signal(signal.SIGTERM)
-    took_over_at = wait_until(b.is_leader, timeout_s=3 * TTL_S)
-    assert took_over_at - stopped_at < TTL_S / 2
+    with thread_lateness() as lateness:
+        stopped_at = time.time()
+        a.signal(signal.SIGTERM)
+        wait_until(b.is_leader, timeout_s=3 * TTL_S)
+    # By b's own log (not our HTTP poll): well before a's ttl would have run out. a's release,
+    # its announcement and b's acquisition may each run as late as this process was measured to.
+    took_over_at = b.logged_at("acquired", identity="b")
+    assert took_over_at is not None
+    assert took_over_at - stopped_at < TTL_S / 2 + 3 * lateness.worst_s, lateness
     assert a.wait() == 0
     assert (b.leader() or {})["fencing_token"] > token_a
     events = [line["event"] for line in a.log_lines()]
@@ -129,7 +143,7 @@ def test_sigterm_of_the_leader_hands_over_without_waiting_for_the_ttl(daemon, se
 
 def test_the_shutdown_step_down_is_scraped_while_the_daemon_lingers(daemon, seeded) -> None:
     a = daemon("a", "--shutdown-linger", "30s")
-    wait_until(a.is_leader, timeout_s=3)
+    wait_until(a.is_leader, timeout_s=START_S)
     a.signal(signal.SIGTERM)
     # Released, then still serving: the final counters can be scraped.
     wait_until(lambda: "lingering" in [line["event"] for line in a.log_lines()], timeout_s=3)
@@ -138,10 +152,10 @@ def test_the_shutdown_step_down_is_scraped_while_the_daemon_lingers(daemon, seed
     assert metric(text, "elector_is_leader", lock="jobs") == 0
     assert seeded.get("elector:{jobs}:lease") is None  # the lease went before the linger
     assert a.process is not None and a.process.poll() is None  # lingering, not gone
-    lingered_from = time.monotonic()
     a.signal(signal.SIGTERM)  # a second signal ends it at once; the lease was released: exit 0
-    assert a.wait(timeout_s=3) == 0
-    assert time.monotonic() - lingered_from < 2.0
+    # Gone well inside the 30 s linger it would otherwise serve: a bound set by that alternative,
+    # not by how fast a loaded machine winds a process down (a fixed 2 s was such a guess).
+    assert a.wait(timeout_s=15) == 0
 
 
 def test_a_shutdown_linger_out_of_range_is_refused(daemon, seeded, redis_url: str) -> None:
@@ -156,7 +170,7 @@ def test_a_shutdown_linger_out_of_range_is_refused(daemon, seeded, redis_url: st
 
 def test_a_follower_exits_at_once_on_sigterm(daemon, seeded) -> None:
     a = daemon("a")
-    wait_until(a.is_leader, timeout_s=3)
+    wait_until(a.is_leader, timeout_s=START_S)
     b = daemon("b")
     b.signal(signal.SIGTERM)
     assert b.wait() == 0
@@ -176,15 +190,19 @@ def test_a_second_signal_exits_at_once_without_waiting_for_the_release(
     # well before that shows the second signal did not wait for it. A fixed 0.6 s bound
     # failed once at 0.62 s on a loaded machine: the margin is now the timeout itself.
     a = daemon("a", "--request-timeout", "2.5s", ttl="10s")
-    wait_until(a.is_leader, timeout_s=3)
+    wait_until(a.is_leader, timeout_s=START_S)
     redis_server.pause()
     try:
-        started = time.monotonic()
-        a.signal(signal.SIGTERM)
-        time.sleep(0.1)
-        a.signal(signal.SIGTERM)
-        assert a.wait(timeout_s=3) == 1
-        assert time.monotonic() - started < 1.5
+        with thread_lateness() as lateness:
+            started = time.monotonic()
+            a.signal(signal.SIGTERM)
+            time.sleep(0.1)
+            a.signal(signal.SIGTERM)
+            assert a.wait(timeout_s=10) == 1
+            exited_s = time.monotonic() - started
+        # On a loaded machine each wake-up of the exit may be late by as much as this process was
+        # measured to be (the message shows it when the bound nears the 2.5 s it must beat).
+        assert exited_s < 1.5 + 2 * lateness.worst_s, lateness
     finally:
         redis_server.resume()
     assert "exiting_now" in [line["event"] for line in a.log_lines()]
@@ -194,7 +212,7 @@ def test_redis_outage_fails_readiness_not_liveness_and_ends_leadership(
     daemon, seeded, redis_server: RedisServerProcess
 ) -> None:
     a = daemon("a")
-    wait_until(a.is_leader, timeout_s=3)
+    wait_until(a.is_leader, timeout_s=START_S)
     redis_server.pause()  # the server stops answering: a silent outage
     try:
         wait_until(lambda: not a.is_leader(), timeout_s=2 * TTL_S)
@@ -214,7 +232,7 @@ def test_redis_outage_fails_readiness_not_liveness_and_ends_leadership(
 
 def test_exit_on_loss_exits_with_code_3(daemon, seeded) -> None:
     a = daemon("a", "--exit-on-loss")
-    wait_until(a.is_leader, timeout_s=3)
+    wait_until(a.is_leader, timeout_s=START_S)
     seeded.delete("elector:{jobs}:lease")
     assert a.wait(timeout_s=3) == 3
     lines = a.log_lines()
@@ -224,18 +242,18 @@ def test_exit_on_loss_exits_with_code_3(daemon, seeded) -> None:
 
 def test_a_first_signal_ends_the_linger_of_a_daemon_exiting_by_itself(daemon, seeded) -> None:
     a = daemon("a", "--exit-on-loss", "--shutdown-linger", "60s")
-    wait_until(a.is_leader, timeout_s=3)
+    wait_until(a.is_leader, timeout_s=START_S)
     seeded.delete("elector:{jobs}:lease")
     wait_until(lambda: "lingering" in [line["event"] for line in a.log_lines()], timeout_s=3)
-    signalled_at = time.monotonic()
     a.signal(signal.SIGTERM)  # the kubelet's, say: it must not wait for the whole linger
-    assert a.wait(timeout_s=5) == 3
-    assert time.monotonic() - signalled_at < 3.0
+    # Well inside the 60 s linger: a bound set by that alternative, not by how fast a loaded
+    # machine winds a process down (a fixed 3 s was such a guess).
+    assert a.wait(timeout_s=30) == 3
 
 
 def test_logs_are_json_with_context_and_quiet_at_info(daemon, seeded) -> None:
     a = daemon("a")
-    wait_until(a.is_leader, timeout_s=3)
+    wait_until(a.is_leader, timeout_s=START_S)
     time.sleep(1.5)  # several renewals
     a.signal(signal.SIGTERM)
     assert a.wait() == 0
@@ -335,7 +353,7 @@ def test_a_sigkilled_leaders_file_stops_passing_the_check_before_anyone_else_lea
     files = [tmp_path / "a.json", tmp_path / "b.json"]
     with LeaderFileSampler(files) as sampler:
         a = daemon("a", "--leader-file", str(files[0]))
-        wait_until(a.is_leader, timeout_s=3)
+        wait_until(a.is_leader, timeout_s=START_S)
         b = daemon("b", "--leader-file", str(files[1]))
         time.sleep(0.7)  # several renewals, each moving a's validity end
         assert check_command(files[0]).returncode == 0
@@ -367,7 +385,7 @@ def test_a_restarting_daemon_says_not_leading_before_anything_else(
 ) -> None:
     path = tmp_path / "leader.json"
     a = daemon("a", "--leader-file", str(path), ttl="10s")
-    wait_until(a.is_leader, timeout_s=3)
+    wait_until(a.is_leader, timeout_s=START_S)
     wait_until(lambda: json.loads(path.read_text())["is_leader"], timeout_s=3)
     a.signal(signal.SIGKILL)
     a.wait()

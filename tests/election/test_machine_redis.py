@@ -3,6 +3,11 @@
 Several elections share this process and so one monotonic clock: "the follower acquired only after
 the old lease expired" is a comparison on that clock. Leadership is sampled every few milliseconds
 wherever the claim is "never two leaders".
+
+Safety bounds (never two leaders, no grant before the lease or the quiet period ran out, a step-down
+before the lease ends) hold on any machine and are asserted as they are. Promptness bounds ("at the
+very next renewal", "woken by the announcement") allow each timer wake-up in the chain to be as late
+as the loop was measured to run meanwhile (tests/support/lateness.py): a loaded machine's share.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from elector.election import (
     StepDownReason,
 )
 from elector.testing.redis_server import RedisServerProcess
+from tests.support.lateness import loop_lateness
 from tests.support.seed import seed_used_lock_async
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import until
@@ -106,19 +112,27 @@ async def test_ten_candidates_one_leader_at_every_moment(start, raw) -> None:
     candidates = [start(f"c{i}") for i in range(10)]
     counts = await sample_leaders(candidates, seconds=3.0)
     assert max(counts) == 1
-    assert counts[-1] == 1
-    assert sum(c.election.status().is_leader for c in candidates) == 1
     grants = sum(1 for c in candidates for o in c.outcomes if o.kind is OutcomeKind.ACQUIRED)
-    assert grants == 1  # a renewing leader keeps the lease: no churn over 3 ttl
+    down = [o for c in candidates for o in c.step_downs()]
+    # A renewing leader keeps the lease: no churn over 3 ttl. On a machine loaded enough that a
+    # renewal misses its deadline (seen at a load average of 20), the leader steps down and one
+    # other is granted once its lease ran out: every extra grant follows a step-down, never more.
+    assert grants == 1 + len(down), [(o.kind, o.step_down_reason) for o in down]
+    if not down:
+        assert counts[-1] == 1
+        assert sum(c.election.status().is_leader for c in candidates) == 1
 
 
 async def test_a_renewing_leader_keeps_its_lease(start, raw) -> None:
     leader = start("a")
-    await asyncio.sleep(4 * TTL_S)
+    async with loop_lateness() as lateness:
+        await asyncio.sleep(4 * TTL_S)
     status = leader.election.status()
     assert status.is_leader
     renewed = [o for o in leader.outcomes if o.kind is OutcomeKind.RENEWED]
-    assert len(renewed) >= 10  # every ttl/3
+    # Every ttl/3: 12 in 4 s, at least 10 on an idle machine; each renewal's timer may fire as late
+    # as the loop was measured to run, which spaces them out by that much on a loaded one.
+    assert len(renewed) >= 4 * TTL_S / (TTL_S / 3 + lateness.worst_s) - 2, (len(renewed), lateness)
     assert not leader.step_downs()
     assert 0 < await raw.pttl(f"elector:{{{LOCK}}}:lease") <= 1000
 
@@ -129,17 +143,18 @@ async def test_a_tampered_key_means_an_immediate_step_down(start, raw, tamper: s
     await asyncio.sleep(0.5)
     assert leader.election.status().is_leader
     loop = asyncio.get_running_loop()
-    tampered_at = loop.time()
-    if tamper == "delete":
-        await raw.delete(f"elector:{{{LOCK}}}:lease")
-    else:
-        await raw.set(
-            f"elector:{{{LOCK}}}:lease", '{"identity":"intruder","fencing_token":9,"token":"t"}', px=60_000
-        )
-    await asyncio.sleep(TTL_S / 3 + 0.1)
+    async with loop_lateness() as lateness:
+        tampered_at = loop.time()
+        if tamper == "delete":
+            await raw.delete(f"elector:{{{LOCK}}}:lease")
+        else:
+            forged = '{"identity":"intruder","fencing_token":9,"token":"t"}'
+            await raw.set(f"elector:{{{LOCK}}}:lease", forged, px=60_000)
+        await until(leader.step_downs, timeout_s=5 * TTL_S)  # a bound on a hang; the time is below
     [down] = leader.step_downs()[:1]
     assert down.step_down_reason is StepDownReason.LOST and down.kind is OutcomeKind.RENEW_LOST
-    assert down.at - tampered_at <= TTL_S / 3 + 0.05  # at the very next renewal
+    # At the very next renewal, whose timer may fire as late as the loop was measured to run.
+    assert down.at - tampered_at <= TTL_S / 3 + 0.05 + lateness.worst_s, lateness
     assert leader.stopped_at[0][0] is StepDownReason.LOST
     if tamper == "overwrite":
         assert not leader.election.status().is_leader
@@ -157,20 +172,25 @@ async def test_a_leader_cut_from_redis_steps_down_before_its_lease_expires(
     follower = start("b")
     await asyncio.sleep(0.5)
     getattr(tcp_proxy, fault)()
-    counts = await sample_leaders([leader, follower], seconds=2.5)
+    async with loop_lateness() as lateness:
+        counts = await sample_leaders([leader, follower], seconds=2.5)
     assert max(counts) == 1, "two leaders at one moment"
     last_ok = max(o.at for o in leader.outcomes if o.kind in (OutcomeKind.ACQUIRED, OutcomeKind.RENEWED))
     timing = leader.election.timing
     reason, stopped_at = leader.stopped_at[0]
     assert reason is StepDownReason.RENEW_DEADLINE
-    assert stopped_at == pytest.approx(last_ok + timing.renew_deadline_s, abs=0.05)
+    # At its renew deadline (its timer as late as the loop was measured to run); and, on any
+    # machine, before the lease's end less the safety margin.
+    assert last_ok + timing.renew_deadline_s - 0.05 <= stopped_at, lateness
+    assert stopped_at <= last_ok + timing.renew_deadline_s + 0.05 + lateness.worst_s, lateness
     assert stopped_at < last_ok + timing.ttl_s - timing.safety_margin_s
     acquired = follower.first(OutcomeKind.ACQUIRED)
     # Redis started the old lease's TTL after the last renewal was sent: the follower can only
     # have been granted once that ttl ran out, and long after the leader stopped.
     assert acquired.at >= last_ok + timing.ttl_s - 0.01
     assert acquired.at > stopped_at
-    assert acquired.at <= last_ok + timing.ttl_s + 0.1  # and it did not poll its way there
+    # And it did not poll its way there: it woke at the lease's end, as late as the loop ran.
+    assert acquired.at <= last_ok + timing.ttl_s + 0.1 + lateness.worst_s, lateness
 
 
 async def test_redis_restarted_without_data_never_gives_two_leaders(
@@ -184,13 +204,15 @@ async def test_redis_restarted_without_data_never_gives_two_leaders(
     loop = asyncio.get_running_loop()
     restarted_at = loop.time()
     redis_server.restart_empty()
-    counts = await sample_leaders(candidates, seconds=3 * TTL_S)
+    async with loop_lateness() as lateness:
+        counts = await sample_leaders(candidates, seconds=3 * TTL_S)
     assert max(counts) == 1, "two leaders at one moment after the restart"
     assert counts[-1] == 1
     # The old leader learned at its next renewal (key gone: lost) or failed until its deadline.
     down = old_leader.step_downs()[0]
     assert down.step_down_reason in (StepDownReason.LOST, StepDownReason.RENEW_DEADLINE)
-    assert old_leader.stopped_at[0][1] - restarted_at <= old_leader.election.timing.renew_deadline_s + 0.05
+    deadline_s = old_leader.election.timing.renew_deadline_s
+    assert old_leader.stopped_at[0][1] - restarted_at <= deadline_s + 0.05 + lateness.worst_s, lateness
     [new_leader] = [c for c in candidates if c.election.status().is_leader]
     new_token = new_leader.election.status().fencing_token
     assert new_token is not None and new_token > old_token
@@ -202,18 +224,23 @@ async def test_redis_restarted_without_data_never_gives_two_leaders(
 
 
 async def test_graceful_stop_hands_over_at_once(start, raw) -> None:
-    leader = start("a")
+    # A 3 s ttl: its 1 s request timeout lets the release land on a loaded machine (at 1 s, a
+    # release timed out at a load average of 20), and the ttl it must beat is further away.
+    leader = start("a", ttl_s=3.0)
     await asyncio.sleep(0.3)
-    follower = start("b")
+    follower = start("b", ttl_s=3.0)
     await asyncio.sleep(0.3)
     loop = asyncio.get_running_loop()
-    stopped_at = loop.time()
-    leader.election.stop()
-    await leader.task
-    await asyncio.sleep(0.2)
+    async with loop_lateness() as lateness:
+        stopped_at = loop.time()
+        leader.election.stop()
+        await leader.task
+        await until(lambda: any(o.kind is OutcomeKind.ACQUIRED for o in follower.outcomes))
     assert leader.first(OutcomeKind.RELEASED).step_down_reason is StepDownReason.SHUTDOWN
     acquired = follower.first(OutcomeKind.ACQUIRED)
-    assert acquired.at - stopped_at < 0.05  # woken by the release announcement, not the ttl
+    # Woken by the release announcement, not the ttl (1 s): 0.05 s, plus the release, the
+    # announcement and the acquisition each as late as the loop was measured to run.
+    assert acquired.at - stopped_at < 0.05 + 3 * lateness.worst_s, lateness
 
 
 async def test_a_restart_from_an_old_snapshot_never_gives_two_leaders(

@@ -227,7 +227,7 @@ class Cluster:
         self._watcher.start()
         started = [self.add_node(wait=False) for _ in range(self.size)]
         for node in started:
-            node.daemon.wait_http(timeout_s=20)
+            node.daemon.wait_http()
         self.wait_for_leader(timeout_s=10 + 2 * self.ttl_s)
         self.journal.append("run", t_begin=time.monotonic(), ttl_s=self.ttl_s, prompt_s=self.prompt_s)
         return self
@@ -249,7 +249,7 @@ class Cluster:
         node.daemon.start()
         self.nodes.append(node)
         if wait:
-            node.daemon.wait_http(timeout_s=20)
+            node.daemon.wait_http()
         return node
 
     def retire(self, node: Node) -> None:

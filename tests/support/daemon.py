@@ -6,6 +6,7 @@ the test's redis-server, waits for their HTTP endpoint, and stops every one afte
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -58,7 +59,13 @@ class DaemonProcess:
             self.process = subprocess.Popen(self.command, stdout=log, stderr=log, env=self.env)
         return self
 
-    def wait_http(self, timeout_s: float = 10.0) -> None:
+    def wait_http(self, timeout_s: float = 60.0) -> None:
+        """Wait until the daemon serves HTTP; fail at once if it exits.
+
+        The timeout bounds a hang, nothing else: a daemon that cannot start exits and is reported
+        at once. Starting Python and its imports took over 10 s (the old bound) on a 2-core machine
+        with a load average of 20 (make test-loaded while other jobs ran), so it is generous.
+        """
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.get("/healthz")[0] != 0:
@@ -118,6 +125,17 @@ class DaemonProcess:
             except ValueError:
                 continue
         return lines
+
+    def logged_at(self, event: str, **fields: object) -> float | None:
+        """When (on time.time()'s clock) the daemon logged its first `event` with these fields.
+
+        The daemon's own moment: a test that polls HTTP for a change notices it only as soon as
+        its own poll gets the CPU, which on a loaded machine can be much later.
+        """
+        for line in self.log_lines():
+            if line.get("event") == event and all(line.get(k) == v for k, v in fields.items()):
+                return datetime.datetime.fromisoformat(line["timestamp"]).timestamp()
+        return None
 
 
 class DaemonStarter:

@@ -114,7 +114,9 @@ async def test_pause_and_resume(redis_server: RedisServerProcess, client: redis.
     redis_server.pause()
     started = time.monotonic()
     redis_server.stop()  # SIGTERM works on a paused server too (SIGCONT follows it)
-    assert time.monotonic() - started < 2
+    # Sooner than the 3 s that stop() waits before a SIGKILL: the bound is that alternative, not a
+    # guess at how fast a loaded machine lets a server exit (it was a fixed 2 s).
+    assert time.monotonic() - started < 3
 
 
 def test_start_failure_reports_the_log(tmp_path: Path) -> None:

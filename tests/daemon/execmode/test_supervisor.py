@@ -383,7 +383,8 @@ async def test_an_on_exit_that_raises_is_logged_not_fatal(exits: list[ChildExit]
 
     assert len(exits) == 1
     result, elapsed_s = await timed_stop(supervisor)
-    assert result == exits[0] and elapsed_s < 0.1, "nothing left: stop() after a clean exit is immediate"
+    # Immediate: not the 1 s grace of a group still to be ended (a fixed 0.1 s was loop-load luck).
+    assert result == exits[0] and elapsed_s < 1.0, "nothing left: stop() after a clean exit is immediate"
 
 
 @pytest.mark.parametrize("grace_s", [-1.0, float("nan"), float("inf")])
