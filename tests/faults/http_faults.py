@@ -101,7 +101,7 @@ class HttpAttacks:
         lines = [f"{'http attacks (' + format(self.seconds, 'g') + ' s each)':<35}{len(self.runs)}"]
         for figures in self.runs:
             lines.append(
-                f"  {figures.attack:<20} gap max {figures.max_gap_s:.2f}s/{figures.gap_bound_s:.2f}s, "
+                f"  {figures.attack:<20} gap max {figures.max_gap_s:.2f}s/{figures.allowed_gap_s:.2f}s, "
                 f"lost {figures.leases_lost}, step-downs {figures.step_downs}, probes "
                 f"{figures.probes_in_time}/{figures.probes}, RSS max {figures.rss_max_mib:.1f} MiB, "
                 f"leader CPU {figures.leader_cpu_s:.1f}s, load {figures.load_average:.1f}"
