@@ -256,6 +256,8 @@ class RedisLeaseBackend:
             "renew",
             lambda: self._run_acked(self._renew, keys=keys, args=args, batch_form=batch_scripts.RENEW_BATCH),
         )
+        if reply == batch_scripts.RENEWED:  # the batch form's plain renewal (lua/batch.py)
+            reply = [1, b"", 0, b"", 0, 0]
         try:
             if int(reply[0]) == 1:
                 if acked is not None and self._replica_ack is not None and acked < self._replica_ack.replicas:

@@ -26,7 +26,8 @@ arguments, in the single script's order):
     KEYS = keys of lease 1, keys of lease 2, ..., keys of lease N
     ARGV = [keys per lease, arguments per lease, args of lease 1, ..., args of lease N]
 Returns an array of N replies, reply i being what the single script returns for lease i (or an
-error reply in its place). A malformed call (counts that do not divide the keys and arguments)
+error reply in its place); RENEW_BATCH answers the plain renewal, its most common reply, with
+the integer 1 (see `RENEWED`). A malformed call (counts that do not divide the keys and arguments)
 fails as a whole, before any lease is touched.
 
 In Redis Cluster every key of one script call must be in ONE slot: the caller batches only
@@ -39,7 +40,10 @@ from elector.backend import protocol
 from elector.backend.lua import lease
 from elector.backend.lua.common import LIB
 
-__all__ = ["ACQUIRE_BATCH", "BATCH_OF", "RELEASE_BATCH", "RENEW_BATCH", "body_of"]
+__all__ = ["ACQUIRE_BATCH", "BATCH_OF", "RELEASE_BATCH", "RENEWED", "RENEW_BATCH", "body_of"]
+
+#: RENEW_BATCH's reply for a renewal with nothing to report: RENEW's {1, '', 0, '', 0, 0}.
+RENEWED = 1
 
 #: The Lua helpers ACQUIRE and RENEW are prefixed with (lease.py), before their body.
 _CONTENDER_PREFIX = LIB + protocol.META_LIB + lease._CALLER_LIB
@@ -85,14 +89,28 @@ for i = 0, count - 1 do
       reply = redis.error_reply(tostring(reply))
     end
   end
-  replies[i + 1] = reply
+  replies[i + 1] = compact(reply)
 end
 return replies
 """
 
+#: `compact(reply)` of a batch whose replies go as they are.
+_AS_THEY_ARE = "local function compact(reply)\n  return reply\nend\n"
 
-def _batch(helpers: str, body: str) -> str:
-    return helpers + "local function one(KEYS, ARGV)\n" + body + "\nend\n" + _LOOP
+#: `compact(reply)` of RENEW_BATCH: the plain renewal (nothing to report: no handoff, no rival),
+#: by far the most common reply, is the integer 1 instead of a six-element array, so the client
+#: parses one element per lease instead of seven (most of a batched renewal's client CPU).
+_RENEWED_AS_ONE = """local function compact(reply)
+  if type(reply) == 'table' and reply[1] == 1 and reply[2] == '' and reply[4] == '' then
+    return 1
+  end
+  return reply
+end
+"""
+
+
+def _batch(helpers: str, body: str, *, compact: str = _AS_THEY_ARE) -> str:
+    return helpers + compact + "local function one(KEYS, ARGV)\n" + body + "\nend\n" + _LOOP
 
 
 #: ACQUIRE (lease.py) for many locks: per lease the keys and arguments of ACQUIRE (8 keys, 7
@@ -101,8 +119,11 @@ def _batch(helpers: str, body: str) -> str:
 ACQUIRE_BATCH = _batch(_CONTENDER_PREFIX, body_of(lease.ACQUIRE, prefix=_CONTENDER_PREFIX))
 
 #: RENEW (lease.py) for many locks: per lease the keys and arguments of RENEW (5 keys, 4
-#: arguments), per lease its reply ({1, ..} renewed, {0, value, pttl} lost, or an error).
-RENEW_BATCH = _batch(_CONTENDER_PREFIX, body_of(lease.RENEW, prefix=_CONTENDER_PREFIX))
+#: arguments), per lease its reply ({1, ..} renewed, {0, value, pttl} lost, or an error), except
+#: that a renewal with nothing to report ({1, '', 0, '', 0, 0}) is answered 1 (`RENEWED`).
+RENEW_BATCH = _batch(
+    _CONTENDER_PREFIX, body_of(lease.RENEW, prefix=_CONTENDER_PREFIX), compact=_RENEWED_AS_ONE
+)
 
 #: RELEASE (lease.py) for many locks: per lease the keys and arguments of RELEASE (2 keys, 5
 #: arguments), per lease 1 released / 0 not ours (or an error). RELEASE has no helpers.
