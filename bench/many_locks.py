@@ -8,7 +8,8 @@ the request's send to its reply, the batcher's wait included). Renew p50/p99 are
 over EVERY renewal, no histogram: "from start" counts every renewal of the run (start-up and its
 first renewals included), "steady" those of the window. The window is the last part of the run:
 CPU = utime+stime from /proc/PID/stat as % of one core; Redis CPU = delta of INFO
-used_cpu_sys+used_cpu_user; EVALSHA/s from INFO commandstats; Redis connections = INFO
+used_cpu_sys+used_cpu_user; EVALSHA/s from INFO commandstats (one batch script call carries the
+renewals that fall due together, so it counts calls, not renewals); Redis connections = INFO
 connected_clients (the bench's own left out). RSS = VmRSS at the window's end. Start-up = the
 spawn of the process to the recorder's `all_acquired`. After the window, /metrics is scraped
 several times (median wall time of a full GET); the other `--metrics-per-lock` settings are
@@ -260,7 +261,9 @@ def run(ctx: Context) -> BenchResult:
         notes=[
             "The daemon spreads the first tries of its locks evenly over one renew interval (at most one "
             "start per ms, over at most one ttl), so that neither acquisitions nor renewals fall due "
-            "together; the batcher sends at most one pipeline per 2 ms.",
+            "together; the batcher sends at most one pipeline per 2 ms. Each renewal is due on a 20 ms grid "
+            "inside its jitter range, so the renewals of many locks fall due at the same instants and go "
+            "out as one batch script call (at most 100 locks each).",
             "--metrics-per-lock auto exports per-lock series up to 100 locks and aggregate ones above "
             "(no `lock` label; elector_locks, elector_locks_leading, elector_locks_redis_down).",
             "The recorder adds 16 bytes per renewal to the daemon's RSS (~1 MiB at 10,000 locks over "

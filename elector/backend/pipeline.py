@@ -35,6 +35,23 @@ is 0.1-0.2 ms on a small VM); spaced by 2 ms they go out ~7 at a time, each wait
 Calls made with `ack` (--min-replicas-ack, see replication.py) get a WAIT appended to their
 pipeline: one WAIT at the end covers every write of the batch, since WAIT waits for all writes
 of its connection. Such callers get `(reply, replicas_acknowledged)`.
+
+Batch scripts (lua/batch.py). Calls of a script with a batch form (ACQUIRE, RENEW, RELEASE: the
+backend names it) that go out together are not sent as one EVALSHA each: the calls of one script
+become ONE call of its batch form (at most `MAX_LEASES_PER_CALL` leases each), which runs the
+single script's own body once per lease and answers each lease its own reply or error. Redis
+then parses one command instead of N, and the client packs and parses one. Nothing changes for
+a call alone in its flush (sent as before, at once), and nothing waits longer: batching only
+regroups calls that go out together anyway.
+Calls that go out together are concurrent (their callers did not wait for each other), so their
+order inside a round trip is not specified, as it never was (a burst is split into pipelines
+that run on different connections).
+
+Redis Cluster (a `RedisCluster` client): every key of one script call must lie in one hash slot,
+so calls are batched per slot (the first key's: every key of a lock shares its `{<lock>}` tag)
+and each slot's command is its own request, routed by redis-py to the slot's master (MOVED/ASK
+followed there), all of a flush at once. redis-py's cluster pipelines refuse EVALSHA. Calls with
+`ack` are not batched on a cluster (a cluster's backends take no --min-replicas-ack).
 """
 
 from __future__ import annotations
@@ -44,17 +61,22 @@ import copy
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio
+from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.typing import EncodableT, KeyT
 
 from elector.backend.replication import ReplicaAck, acknowledged, run_script_acked
 
 #: Default flush spacing, seconds (see the module doc): the most a call waits for others to join.
 DEFAULT_MIN_FLUSH_INTERVAL_S = 0.002
+
+#: Most calls in one batch script call: Redis runs a script alone, so a batch of N holds every
+#: other client for N single calls' time (~40 us each for RENEW): 100 is ~4 ms at most.
+MAX_LEASES_PER_CALL = 100
 
 #: Upper bound of the commands in one pipeline: a bigger burst is split, so that one slow batch
 #: holds no more than this many callers, and Redis answers each batch without a long stall.
@@ -69,6 +91,27 @@ class _Call:
     future: asyncio.Future[Any]
     #: WAIT for replicas after this call; its future then gets (reply, replicas acknowledged).
     ack: ReplicaAck | None = None
+    #: The source of the script's batch form (lua/batch.py), if it has one.
+    batch_form: str | None = None
+
+
+@dataclasses.dataclass(slots=True)
+class _Command:
+    """One EVALSHA of a round trip: a single call, or a batch script carrying several calls."""
+
+    script: AsyncScript
+    numkeys: int
+    keys_and_args: tuple[Any, ...]
+    calls: list[_Call]
+    batched: bool
+
+    @property
+    def ack(self) -> ReplicaAck | None:
+        ack: ReplicaAck | None = None
+        for call in self.calls:
+            if call.ack is not None:
+                ack = call.ack.widest(ack)
+        return ack
 
 
 @dataclasses.dataclass(slots=True)
@@ -79,8 +122,11 @@ class BatcherStats:
     #: Round trips: pipelines sent (NOSCRIPT reload-and-retry ones included) and lone calls.
     pipelines: int = 0
     largest_batch: int = 0
-    #: Calls that met NOSCRIPT and were retried after loading their script.
+    #: Commands that met NOSCRIPT and were retried after loading their script.
     noscript_retries: int = 0
+    #: Batch script calls sent, and the calls they carried.
+    batch_scripts: int = 0
+    batched_calls: int = 0
 
 
 class ScriptBatcher:
@@ -88,7 +134,7 @@ class ScriptBatcher:
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: redis.asyncio.Redis | RedisCluster,
         *,
         max_batch: int = DEFAULT_MAX_BATCH,
         linger_s: float = 0.0,
@@ -97,6 +143,9 @@ class ScriptBatcher:
         if max_batch < 1 or linger_s < 0 or min_flush_interval_s < 0:
             raise ValueError("max_batch must be positive, linger_s and min_flush_interval_s not negative")
         self._client = client
+        self._cluster = client if isinstance(client, RedisCluster) else None
+        #: The batch forms in use, registered on the client, by their source.
+        self._batch_forms: dict[str, AsyncScript] = {}
         self._max_batch = max_batch
         self._linger_s = linger_s
         self._min_flush_interval_s = min_flush_interval_s
@@ -107,6 +156,10 @@ class ScriptBatcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self.stats = BatcherStats()
 
+    @property
+    def client(self) -> redis.asyncio.Redis | RedisCluster:
+        return self._client
+
     async def run_script(
         self,
         script: AsyncScript,
@@ -114,14 +167,17 @@ class ScriptBatcher:
         keys: Sequence[KeyT] = (),
         args: Sequence[EncodableT] = (),
         ack: ReplicaAck | None = None,
+        batch_form: str | None = None,
     ) -> Any:
         """Run `script` (registered on any client of the same server); its reply, or its error.
 
         With `ack`: WAIT for replicas after it, and return `(reply, replicas acknowledged)`.
+        `batch_form`: the source of the script's batch form (lua/batch.py), with which the calls
+        of `script` that go out together become one script call.
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._queue.append(_Call(script, len(keys), (*keys, *args), future, ack))
+        self._queue.append(_Call(script, len(keys), (*keys, *args), future, ack, batch_form))
         self.stats.calls += 1
         if len(self._queue) >= self._max_batch:
             self._flush()
@@ -156,20 +212,76 @@ class ScriptBatcher:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    def _batch_form(self, call: _Call) -> AsyncScript | None:
+        if call.batch_form is None or (self._cluster is not None and call.ack is not None):
+            return None
+        form = self._batch_forms.get(call.batch_form)
+        if form is None:
+            form = self._batch_forms[call.batch_form] = self._client.register_script(call.batch_form)
+        return form
+
+    def _commands(self, calls: list[_Call]) -> list[_Command]:
+        """The calls as commands: those of one script with a batch form share one batch call
+        (per hash slot on a cluster), the others go as they are."""
+        commands: list[_Command] = []
+        open_batches: dict[tuple[str, int, int, int], _Command] = {}
+        for call in calls:
+            form = self._batch_form(call)
+            if form is None:
+                commands.append(_Command(call.script, call.numkeys, call.keys_and_args, [call], False))
+                continue
+            slot = -1 if self._cluster is None else self._cluster.keyslot(call.keys_and_args[0])
+            group = (form.sha, call.numkeys, len(call.keys_and_args) - call.numkeys, slot)
+            command = open_batches.get(group)
+            if command is None or len(command.calls) >= MAX_LEASES_PER_CALL:
+                command = _Command(form, 0, (), [], True)
+                open_batches[group] = command
+                commands.append(command)
+            command.calls.append(call)
+        for command in commands:
+            if not command.batched:
+                continue
+            if len(command.calls) == 1:  # alone after all: its own script, as it is
+                call = command.calls[0]
+                command.script, command.numkeys, command.keys_and_args = (
+                    call.script,
+                    call.numkeys,
+                    call.keys_and_args,
+                )
+                command.batched = False
+                continue
+            first = command.calls[0]
+            keys: list[Any] = []
+            args: list[Any] = [first.numkeys, len(first.keys_and_args) - first.numkeys]
+            for call in command.calls:
+                keys += call.keys_and_args[: call.numkeys]
+                args += call.keys_and_args[call.numkeys :]
+            command.numkeys, command.keys_and_args = len(keys), (*keys, *args)
+            self.stats.batch_scripts += 1
+            self.stats.batched_calls += len(command.calls)
+        return commands
+
     async def _execute(self, calls: list[_Call]) -> None:
         self.stats.largest_batch = max(self.stats.largest_batch, len(calls))
         if len(calls) == 1:
             await self._execute_one(calls[0])
             return
+        commands = self._commands(calls)
+        if self._cluster is not None:
+            await asyncio.gather(*(self._execute_alone(command) for command in commands))
+            return
+        if len(commands) == 1 and commands[0].ack is None:
+            await self._execute_alone(commands[0])
+            return
         try:
-            replies, wait_reply = await self._pipeline([], calls)
-            waits = [wait_reply] * len(calls)
+            replies, wait_reply = await self._pipeline([], commands)
+            waits = [wait_reply] * len(commands)
             missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
             if missing:
                 self.stats.noscript_retries += len(missing)
                 retried, retried_wait = await self._pipeline(
-                    list({calls[i].script.sha: calls[i].script for i in missing}.values()),
-                    [calls[i] for i in missing],
+                    list({commands[i].script.sha: commands[i].script for i in missing}.values()),
+                    [commands[i] for i in missing],
                 )
                 for i, reply in zip(missing, retried, strict=True):
                     replies[i] = reply
@@ -179,16 +291,46 @@ class ScriptBatcher:
                 if not call.future.done():
                     call.future.set_exception(copy.copy(exc))
             return
-        for call, reply, wait in zip(calls, replies, waits, strict=True):
+        for command, reply, wait in zip(commands, replies, waits, strict=True):
+            self._deliver(command, reply, wait)
+
+    async def _execute_alone(self, command: _Command) -> None:
+        """One command as its own request (the script call reloads its script on NOSCRIPT)."""
+        if not command.batched:
+            await self._execute_one(command.calls[0])
+            return
+        self.stats.pipelines += 1
+        keys = command.keys_and_args[: command.numkeys]
+        args = command.keys_and_args[command.numkeys :]
+        try:
+            reply = await command.script(keys=keys, args=args, client=self._client)
+        except Exception as exc:
+            reply = exc
+        self._deliver(command, reply, None)
+
+    def _deliver(self, command: _Command, reply: Any, wait: Any) -> None:
+        """Each caller of `command` its own reply (of a batch: its element) or exception."""
+        if command.batched:
+            if isinstance(reply, Exception):
+                replies: list[Any] = [copy.copy(reply) for _ in command.calls]
+            elif isinstance(reply, list) and len(reply) == len(command.calls):
+                replies = reply
+            else:
+                count = len(command.calls)
+                problem = ResponseError(f"a batch script answered {count} leases with {reply!r:.100}")
+                replies = [copy.copy(problem) for _ in command.calls]
+        else:
+            replies = [reply]
+        for call, one in zip(command.calls, replies, strict=True):
             if call.future.done():
                 continue  # the caller gave up; its reply is dropped
-            if isinstance(reply, Exception):
-                call.future.set_exception(reply)
+            if isinstance(one, Exception):
+                call.future.set_exception(one)
             elif call.ack is None:
-                call.future.set_result(reply)
+                call.future.set_result(one)
             else:
                 try:
-                    call.future.set_result((reply, acknowledged(wait)))
+                    call.future.set_result((one, acknowledged(wait)))
                 except Exception as exc:  # WAIT itself failed (e.g. sent to a replica)
                     call.future.set_exception(exc)
 
@@ -201,7 +343,9 @@ class ScriptBatcher:
             if call.ack is None:
                 reply = await call.script(keys=keys, args=args, client=self._client)
             else:
-                reply = await run_script_acked(self._client, call.script, keys=keys, args=args, ack=call.ack)
+                # (A cluster's backends take no replica_ack: the cluster client has no such pipeline.)
+                client = cast(redis.asyncio.Redis, self._client)
+                reply = await run_script_acked(client, call.script, keys=keys, args=args, ack=call.ack)
         except Exception as exc:
             if not call.future.done():
                 call.future.set_exception(exc)
@@ -209,17 +353,18 @@ class ScriptBatcher:
         if not call.future.done():
             call.future.set_result(reply)
 
-    async def _pipeline(self, load: list[AsyncScript], calls: list[_Call]) -> tuple[list[Any], Any]:
-        """One round trip: SCRIPT LOAD each of `load`, EVALSHA each call, then one WAIT if a call
-        asked for replicas' acknowledgement; the calls' replies and WAIT's (None without)."""
+    async def _pipeline(self, load: list[AsyncScript], commands: list[_Command]) -> tuple[list[Any], Any]:
+        """One round trip: SCRIPT LOAD each of `load`, EVALSHA each command, then one WAIT if a
+        call asked for replicas' acknowledgement; the commands' replies and WAIT's (None without)."""
         pipe = self._client.pipeline(transaction=False)
         for script in load:
             pipe.script_load(script.script)
         ack: ReplicaAck | None = None
-        for call in calls:
-            pipe.evalsha(call.script.sha, call.numkeys, *call.keys_and_args)
-            if call.ack is not None:
-                ack = call.ack.widest(ack)
+        for command in commands:
+            pipe.evalsha(command.script.sha, command.numkeys, *command.keys_and_args)
+            command_ack = command.ack
+            if command_ack is not None:
+                ack = command_ack.widest(ack)
         if ack is not None:
             pipe.execute_command("WAIT", ack.replicas, ack.timeout_ms)
         self.stats.pipelines += 1

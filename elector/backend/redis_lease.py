@@ -14,6 +14,7 @@ from redis.typing import EncodableT, KeyT
 from elector.backend import candidates, protocol
 from elector.backend.codec import parse_holder, release_announcement, remaining_ms
 from elector.backend.errors import invalid_request, translate_error
+from elector.backend.lua import batch as batch_scripts
 from elector.backend.lua import lease as scripts
 from elector.backend.pipeline import ScriptBatcher
 from elector.backend.pubsub import LeaseEventSource
@@ -66,9 +67,13 @@ class RedisLeaseBackend:
         batcher: ScriptBatcher | None = None,
         replica_ack: ReplicaAck | None = None,
     ) -> None:
-        if batcher is not None and isinstance(client, RedisCluster):
-            # redis-py's cluster pipelines refuse EVALSHA; each lock's calls go to its own master.
-            raise ValueError("a ScriptBatcher cannot be used with a Redis Cluster client")
+        if (
+            batcher is not None
+            and batcher.client is not client
+            and (isinstance(client, RedisCluster) or isinstance(batcher.client, RedisCluster))
+        ):
+            # A cluster's batcher batches per hash slot on that very cluster client (pipeline.py).
+            raise ValueError("a Redis Cluster client needs a ScriptBatcher of that same client")
         self._client = client
         self._replica_ack = replica_ack
         self._hub = hub
@@ -106,23 +111,31 @@ class RedisLeaseBackend:
             raise translate_error(exc, what=what, keys=keys) from exc
 
     async def _run(
-        self, script: AsyncScript, *, keys: Sequence[KeyT], args: Sequence[EncodableT] = ()
+        self,
+        script: AsyncScript,
+        *,
+        keys: Sequence[KeyT],
+        args: Sequence[EncodableT] = (),
+        batch_form: str | None = None,
     ) -> Any:
-        """Every script call goes through here: pipelined with other calls when there is a batcher."""
+        """Every script call goes through here: pipelined with other calls when there is a batcher
+        (and with `batch_form`, lua/batch.py, carried in one batch script call with them)."""
         if self._batcher is not None:
-            return await self._batcher.run_script(script, keys=keys, args=args)
+            return await self._batcher.run_script(script, keys=keys, args=args, batch_form=batch_form)
         return await script(keys=keys, args=args)
 
     async def _run_acked(
-        self, script: AsyncScript, *, keys: Sequence[KeyT], args: Sequence[EncodableT]
+        self, script: AsyncScript, *, keys: Sequence[KeyT], args: Sequence[EncodableT], batch_form: str
     ) -> tuple[Any, int | None]:
         """`_run` followed by the WAIT of --min-replicas-ack on the same connection, when set;
         the reply and how many replicas acknowledged it (None without the setting)."""
         ack = self._replica_ack
         if ack is None:
-            return await self._run(script, keys=keys, args=args), None
+            return await self._run(script, keys=keys, args=args, batch_form=batch_form), None
         if self._batcher is not None:
-            reply, acked = await self._batcher.run_script(script, keys=keys, args=args, ack=ack)
+            reply, acked = await self._batcher.run_script(
+                script, keys=keys, args=args, ack=ack, batch_form=batch_form
+            )
             return reply, acked
         return await run_script_acked(self._client, script, keys=keys, args=args, ack=ack)
 
@@ -158,6 +171,7 @@ class RedisLeaseBackend:
                         self._ttls.longest_ms(),
                         self._highest_token,
                     ],
+                    batch_form=batch_scripts.ACQUIRE_BATCH,
                 ),
             )
         except LeaseBackendError as exc:
@@ -238,7 +252,12 @@ class RedisLeaseBackend:
         ]
         identity = candidates.encode_identity(lease.identity)
         args: list[str | int] = [lease.value, lease.ttl_ms, identity, priority]
-        reply, acked = await self._call("renew", lambda: self._run_acked(self._renew, keys=keys, args=args))
+        reply, acked = await self._call(
+            "renew",
+            lambda: self._run_acked(self._renew, keys=keys, args=args, batch_form=batch_scripts.RENEW_BATCH),
+        )
+        if reply == batch_scripts.RENEWED:  # the batch form's plain renewal (lua/batch.py)
+            reply = [1, b"", 0, b"", 0, 0]
         try:
             if int(reply[0]) == 1:
                 if acked is not None and self._replica_ack is not None and acked < self._replica_ack.replicas:
@@ -279,7 +298,10 @@ class RedisLeaseBackend:
         )
         keys = [self.keys.lease, self.keys.handoff]
         args: list[str | int] = [lease.value, self.keys.channel, message, handoff, max(0, handoff_window_ms)]
-        reply: Any = await self._call("release", lambda: self._run(self._release, keys=keys, args=args))
+        reply: Any = await self._call(
+            "release",
+            lambda: self._run(self._release, keys=keys, args=args, batch_form=batch_scripts.RELEASE_BATCH),
+        )
         try:
             return bool(int(reply))
         except (TypeError, ValueError) as exc:

@@ -42,6 +42,7 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import math
 import random
 from collections.abc import Awaitable, Callable
 
@@ -82,6 +83,11 @@ RIVAL_REFRESH_SLACK = 0.05
 
 #: With renewal jitter on, the first renewal of a term comes 0-90% of an interval early.
 FIRST_RENEWAL_SPREAD = 0.9
+
+#: With renewal jitter on (many locks), each renewal is due on a point of this grid within its
+#: jitter range: the renewals of many locks then fall due at the same instants and go out
+#: together, as one batch script call (backend/pipeline.py), instead of one request each.
+RENEW_GRID_S = 0.02
 
 #: Retries after failed requests: each delay is drawn from its upper half, so replicas that failed
 #: together spread out. Capped so that a recovered Redis is noticed quickly (see `_failed`).
@@ -698,7 +704,8 @@ class Election:
             # renewal of a term lands anywhere in the interval instead. One early renewal per
             # grant is the whole cost, and early is always safe.
             share = FIRST_RENEWAL_SPREAD if first else self._renew_jitter_share
-            interval *= 1 - self._rng.uniform(0.0, share)
+            due = sent + interval * (1 - self._rng.uniform(0.0, share))
+            return _on_grid(due, earliest=sent + interval * (1 - share), latest=sent + interval)
         return sent + interval
 
     def _jitter(self) -> float:
@@ -863,3 +870,13 @@ def _describe(exc: BaseException) -> str:
 
 def _ms(seconds: float) -> int:
     return max(0, round(seconds * 1000))
+
+
+def _on_grid(due: float, *, earliest: float, latest: float) -> float:
+    """`due` moved to a point of the RENEW_GRID_S grid within [earliest, latest]: the one just
+    before it, else the one just after; `due` itself when the range holds no grid point."""
+    before = math.floor(due / RENEW_GRID_S) * RENEW_GRID_S
+    if before >= earliest:
+        return before
+    after = before + RENEW_GRID_S
+    return after if after <= latest else due

@@ -14,6 +14,11 @@ quarter tick of an operation as long as each operation starts less than a quarte
 operation that starts later (a loaded machine) makes the attempt inconclusive, never failed: it
 is run again, on a fresh lock, with ticks twice as long. Remaining times are compared to within
 that quarter tick.
+
+Batched. The same sequences run again with the Redis side's backends sharing a `ScriptBatcher`,
+and each ACQUIRE, RENEW or RELEASE of a step sent together with the same call on a companion
+lock: the step's call is then one lease of a batch script call (lua/batch.py), whose outcomes
+must be the fake's all the same.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import pytest
 import redis.asyncio
 
 from elector.backend import HandoffRefusedError, RedisLeaseBackend, RedisSettings, make_client
+from elector.backend.pipeline import ScriptBatcher
 from elector.lease import (
     Granted,
     Handoff,
@@ -47,6 +53,8 @@ from elector.lease import (
 from elector.testing.redis_server import RedisServerProcess
 from tests.election.fake_backend import FakeBackend, FakeStore
 from tests.support.seed import seed_used_lock_async
+
+T = typing.TypeVar("T")
 
 #: The first attempt's tick; each inconclusive attempt doubles it. Seven attempts reach a 1.92 s
 #: tick (0.48 s of lateness allowed): at a load average of 20 on 2 cores every one of five
@@ -271,6 +279,18 @@ class Side:
     tokens: Tokens
     leases: dict[str, Lease] = dataclasses.field(default_factory=dict)
     last_granted: str = "a"
+    #: Batched (see the module doc): the same kind of call on a companion lock, sent together.
+    companion: Callable[[Op], Awaitable[object]] | None = None
+    #: Calls that went out with a companion.
+    companions: int = 0
+
+    async def together(self, op: Op, call: Awaitable[T]) -> T:
+        """`call`, sent together with the companion's call of the same script (when batched)."""
+        if self.companion is None:
+            return await call
+        self.companions += 1
+        result, _ = await asyncio.gather(call, self.companion(op))
+        return result
 
     def holder(self, holder: Holder | None) -> object:
         return None if holder is None else (holder.identity, self.tokens.rank(holder.fencing_token))
@@ -296,7 +316,9 @@ class Side:
         backend = self.backends.get(step.who, self.backends["a"])
         lease = self.leases.get(step.who)
         if step.op == "acquire":
-            result = await backend.acquire(step.who, ttl_ms=ms(step.ttl), priority=step.priority)
+            result = await self.together(
+                "acquire", backend.acquire(step.who, ttl_ms=ms(step.ttl), priority=step.priority)
+            )
             if isinstance(result, Granted):
                 self.leases[step.who] = result.lease
                 self.last_granted = step.who
@@ -312,7 +334,7 @@ class Side:
         if step.op == "renew":
             if lease is None:
                 return ("no lease",), ()
-            renewed = await backend.renew(lease, priority=step.priority)
+            renewed = await self.together("renew", backend.renew(lease, priority=step.priority))
             if isinstance(renewed, Lost):
                 return ("lost", self.holder(renewed.holder)), (renewed.remaining_ms,)
             assert isinstance(renewed, Renewed), renewed
@@ -325,8 +347,10 @@ class Side:
             if lease is None:
                 return ("no lease",), ()
             if step.op == "release":
-                return ("released", await backend.release(lease)), ()
-            released = await backend.release(lease, handoff_to=step.to, handoff_window_ms=ms(step.window))
+                return ("released", await self.together("release", backend.release(lease))), ()
+            released = await self.together(
+                "release", backend.release(lease, handoff_to=step.to, handoff_window_ms=ms(step.window))
+            )
             return ("released", released), ()
         if step.op == "request_handoff":
             try:
@@ -392,11 +416,11 @@ class Lab:
     raw: redis.asyncio.Redis
     client: redis.asyncio.Redis
 
-    async def redis_side(self, lock: str, *, new_lock: bool) -> Side:
+    async def redis_side(self, lock: str, *, new_lock: bool, batcher: ScriptBatcher | None = None) -> Side:
         if not new_lock:
             await seed_used_lock_async(self.raw, lock, counter=SEED_TOKEN)
         backends: dict[str, LeaseBackend] = {
-            who: RedisLeaseBackend(self.client, lock=lock) for who in IDENTITIES
+            who: RedisLeaseBackend(self.client, lock=lock, batcher=batcher) for who in IDENTITIES
         }
         watcher = RedisLeaseBackend(self.client, lock=lock)
 
@@ -405,7 +429,26 @@ class Lab:
 
         subscription = await watcher.subscribe(keepalive_s=60)
         await watcher.observe()  # connected, and the script cached, before the clock starts
-        return Side("redis", backends, request, subscription, Tokens(None if new_lock else SEED_TOKEN))
+        side = Side("redis", backends, request, subscription, Tokens(None if new_lock else SEED_TOKEN))
+        if batcher is not None:
+            side.companion = await self.companion(f"{lock}-companion", batcher)
+        return side
+
+    async def companion(self, lock: str, batcher: ScriptBatcher) -> Callable[[Op], Awaitable[object]]:
+        """The companion lock's calls: an acquire (granted, then held), a renewal and a release of
+        a lease it never had (lost, not ours): each goes in the batch beside the step's call."""
+        await seed_used_lock_async(self.raw, lock, counter=SEED_TOKEN)
+        backend = RedisLeaseBackend(self.client, lock=lock, batcher=batcher)
+        stranger = Lease(lock=lock, identity="stranger", fencing_token=1, ttl_ms=60_000, value="{}")
+
+        async def call(op: Op) -> object:
+            if op == "acquire":
+                return await backend.acquire("companion", ttl_ms=60_000)
+            if op == "renew":
+                return await backend.renew(stranger)
+            return await backend.release(stranger)
+
+        return call
 
     @staticmethod
     async def fake_side(clock: VirtualClock, *, new_lock: bool) -> Side:
@@ -421,11 +464,14 @@ class Lab:
         return Side("fake", backends, request, subscription, Tokens(None if new_lock else SEED_TOKEN))
 
     async def attempt(
-        self, name: str, steps: Sequence[Step], *, attempt: int, tick_s: float, new_lock: bool
+        self, name: str, steps: Sequence[Step], *, attempt: int, tick_s: float, new_lock: bool, batched: bool
     ) -> None:
         """Run `steps` on both sides; AssertionError on a difference, Inconclusive when too late."""
         clock = VirtualClock()
-        real = await self.redis_side(f"contract-{name}-{attempt}", new_lock=new_lock)
+        # No flush spacing: the step's call goes out as soon as it joined the companion's.
+        batcher = ScriptBatcher(self.client, min_flush_interval_s=0) if batched else None
+        lock = f"contract-{name}-{attempt}" + ("-batched" if batched else "")
+        real = await self.redis_side(lock, new_lock=new_lock, batcher=batcher)
         fake = await self.fake_side(clock, new_lock=new_lock)
         tick_ms = round(tick_s * 1000)
         tolerance_ms = tick_ms // 4 + 2
@@ -451,16 +497,28 @@ class Lab:
             fake_events = await fake.events(count=None)
             real_events = await real.events(count=len(fake_events))
             assert real_events == fake_events, f"{name}: announcements differ"
+            if batcher is not None:  # every call of the steps went in a batch script, with its companion
+                assert batcher.stats.batch_scripts == real.companions
+                assert batcher.stats.batched_calls == 2 * real.companions
         finally:
             await real.subscription.close()
             await fake.subscription.close()
+            if batcher is not None:
+                await batcher.aclose()
 
-    async def run(self, name: str, steps: Sequence[Step], *, new_lock: bool = False) -> None:
+    async def run(
+        self, name: str, steps: Sequence[Step], *, new_lock: bool = False, batched: bool = False
+    ) -> None:
         late = []
         for attempt in range(ATTEMPTS):
             try:
                 await self.attempt(
-                    name, steps, attempt=attempt, tick_s=TICK_S * 2**attempt, new_lock=new_lock
+                    name,
+                    steps,
+                    attempt=attempt,
+                    tick_s=TICK_S * 2**attempt,
+                    new_lock=new_lock,
+                    batched=batched,
                 )
                 return
             except Inconclusive as exc:
@@ -478,9 +536,12 @@ async def lab(module_redis_server: RedisServerProcess) -> AsyncIterator[Lab]:
     await raw.aclose()
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["single", "batched"])
 @pytest.mark.parametrize("name", list(SCENARIOS))
-async def test_a_scenario_has_the_same_outcomes_on_the_fake_and_on_redis(lab: Lab, name: str) -> None:
-    await lab.run(name, SCENARIOS[name])
+async def test_a_scenario_has_the_same_outcomes_on_the_fake_and_on_redis(
+    lab: Lab, name: str, batched: bool
+) -> None:
+    await lab.run(name, SCENARIOS[name], batched=batched)
 
 
 async def test_a_new_lock_starts_with_the_same_quiet_period_on_both(lab: Lab) -> None:
@@ -493,11 +554,19 @@ async def test_a_new_lock_starts_with_the_same_quiet_period_on_both(lab: Lab) ->
         observe(),
     ]
     await lab.run("new-lock", steps, new_lock=True)
+    await lab.run("new-lock", steps, new_lock=True, batched=True)
 
 
 @pytest.mark.parametrize("seed", range(20))
 async def test_a_random_sequence_has_the_same_outcomes_on_the_fake_and_on_redis(lab: Lab, seed: int) -> None:
     await lab.run(f"random-{seed}", random_steps(seed))
+
+
+@pytest.mark.parametrize("seed", range(0, 20, 2))
+async def test_a_random_sequence_has_the_same_outcomes_on_the_fake_and_on_redis_batched(
+    lab: Lab, seed: int
+) -> None:
+    await lab.run(f"random-{seed}", random_steps(seed), batched=True)
 
 
 async def refusals(side: Side) -> list[object]:

@@ -139,6 +139,7 @@ async def test_a_batch_shares_one_wait(
     # Five scripts and ONE WAIT in one round trip (plus one reload on this fresh server).
     assert batcher.stats.largest_batch == 5
     assert batcher.stats.pipelines == 1 + bool(batcher.stats.noscript_retries)
+    assert batcher.stats.batched_calls == 5  # one batch script call carried the five grants
     waits_before, reloads_before = await wait_calls(client), batcher.stats.noscript_retries
     replica.pause()
     try:

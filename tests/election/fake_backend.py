@@ -6,7 +6,9 @@ request raise until cleared, `hang` makes requests never answer (the election's 
 must cut them), `requests` counts each call.
 
 tests/backend/test_fake_contract.py runs this fake and the real Lua scripts through the same
-sequences of operations: a change of the scripts' semantics must be made here too.
+sequences of operations: a change of the scripts' semantics must be made here too. (The batch
+forms of ACQUIRE, RENEW and RELEASE, lua/batch.py, run the single scripts' own code per lease;
+the contract test runs its sequences through them as well.)
 
 Not modelled: the owner-token adoption of a grant whose answer was lost, foreign or garbage
 data, protocol versions, and each contender's memory of the ttls in use (a quiet period lasts

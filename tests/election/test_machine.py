@@ -21,6 +21,7 @@ from elector.election import (
     OutcomeKind,
     State,
     StepDownReason,
+    machine,
 )
 from elector.lease import Holder, Lease, LeaseEventKind
 from tests.election.fake_backend import FakeBackend, FakeStore, unreachable
@@ -350,3 +351,34 @@ async def test_locks_granted_together_spread_their_renewals_from_the_first_one()
     for times in renewals:
         gaps = [b - a for a, b in itertools.pairwise(times)]
         assert all(0.9 * interval - 0.01 <= gap <= interval + 0.01 for gap in gaps), gaps
+
+
+async def test_renewals_of_many_locks_fall_due_together_on_a_grid() -> None:
+    """With renewal jitter on, each renewal is due on a point of the RENEW_GRID_S grid inside its
+    jitter range: many locks' renewals share instants, so they go out as one batch."""
+    tasks, recorders = [], []
+    for index in range(200):
+        recorder = Recorder()
+        election = Election(
+            FakeBackend(FakeStore()),
+            identity="a",
+            timing=timing(),
+            hooks=recorder.hooks(),
+            rng=random.Random(index),
+            renew_jitter_share=0.1,
+        )
+        recorders.append(recorder)
+        tasks.append(asyncio.create_task(election.run()))
+    try:
+        await asyncio.sleep(5.0)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    renewals = [o.at for r in recorders for o in r.outcomes if o.kind is OutcomeKind.RENEWED]
+    assert len(renewals) >= 600
+    for at in renewals:
+        steps = at / machine.RENEW_GRID_S
+        assert abs(steps - round(steps)) < 1e-6, at
+    # 200 locks, 50 grid points per interval: renewals share instants, far fewer than renewals.
+    assert len({round(at / machine.RENEW_GRID_S) for at in renewals}) < len(renewals) / 2

@@ -25,6 +25,13 @@ are rare (one per grant and release). So:
   connection for every lock's announcements (the hub reconnects to that node only, so pick a
   node that stays; a lost subscription only slows takeovers to the PTTL-based wake-up).
 
+Batching. With a `ScriptBatcher` of the cluster client, the calls that fall due together are
+grouped per hash slot: the locks whose keys share a slot (a shared hash tag, or by chance) go in
+ONE call of a batch script (lua/batch.py) to that slot's master; a lock alone in its slot is sent
+as its own script call, as without a batcher. A script may only touch keys of one slot, so no
+other grouping is safe; redis-py's cluster pipelines refuse EVALSHA, so commands of different
+slots stay separate requests, sent at once.
+
 Safety. Redis Cluster replicates asynchronously: a master that fails before its replica got a
 grant loses it on failover (the quiet period of the ACQUIRE script - run_id changed - then stops
 new grants for one ttl, exactly as for a standalone failover). Fencing tokens stay the protection.
@@ -47,6 +54,7 @@ from elector.backend.connection import (
     url_without_password,
 )
 from elector.backend.errors import translate_error
+from elector.backend.pipeline import ScriptBatcher
 from elector.backend.pubsub import LeaseEventSource
 from elector.backend.redis_lease import RedisLeaseBackend
 
@@ -117,12 +125,20 @@ def cluster_hub_client(settings: RedisSettings, *, client_name: str | None = Non
 
 
 def cluster_lease_backend(
-    cluster: RedisCluster, *, lock: str, key_prefix: str = "elector", hub: LeaseEventSource | None = None
+    cluster: RedisCluster,
+    *,
+    lock: str,
+    key_prefix: str = "elector",
+    hub: LeaseEventSource | None = None,
+    batcher: ScriptBatcher | None = None,
 ) -> RedisLeaseBackend:
-    """The lease backend of one lock on a Redis Cluster (no ScriptBatcher: see the module doc)."""
+    """The lease backend of one lock on a Redis Cluster; `batcher` (a `ScriptBatcher` of the same
+    cluster client) batches the calls of the locks whose keys share a hash slot (module doc)."""
     # RedisLeaseBackend's client is typed as the standalone client, whose command surface the
     # cluster client offers too (scripts, pub/sub); it checks for RedisCluster where they differ.
-    return RedisLeaseBackend(cast(redis.asyncio.Redis, cluster), lock=lock, key_prefix=key_prefix, hub=hub)
+    return RedisLeaseBackend(
+        cast(redis.asyncio.Redis, cluster), lock=lock, key_prefix=key_prefix, hub=hub, batcher=batcher
+    )
 
 
 async def connect_cluster(settings: RedisSettings, *, client_name: str | None = None) -> RedisCluster:

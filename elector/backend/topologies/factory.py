@@ -4,7 +4,7 @@ Three shapes, chosen by `RedisSettings`:
 - one server, or a Sentinel set (`redis+sentinel://`): one client, ONE pub/sub connection for every
   lock's announcements (`EventHub`), and a `ScriptBatcher` that pipelines calls falling due together;
 - a Redis Cluster (`cluster=True`): a cluster client (each lock's scripts go to the master of its
-  slot), one hub connection to the node named in the URL, no batcher (a pipeline would span slots);
+  slot), one hub connection to the node named in the URL, a batcher that batches per hash slot;
 - Redlock (`redlock_urls`): per server a client, a hub and a batcher, and per lock a
   `RedlockLeaseBackend` over that lock's backend on every server.
 
@@ -56,6 +56,7 @@ class LeaseConnections:
         self.settings = settings
         self._request_timeout_s = request_timeout_s
         self._cluster: RedisCluster | None = None
+        self._cluster_batcher: ScriptBatcher | None = None
         self._servers: list[_Server] = []
         self._redlocks: list[RedlockLeaseBackend] = []
 
@@ -68,6 +69,7 @@ class LeaseConnections:
                 self._servers.append(_Server(client, hub_of(client), ScriptBatcher(client)))
         elif settings.cluster:
             self._cluster = make_cluster_client(settings, client_name=client_name)
+            self._cluster_batcher = ScriptBatcher(self._cluster)  # per hash slot (cluster.py)
             hub_client = cluster_hub_client(settings, client_name=f"{client_name}:events")
             self._servers.append(_Server(hub_client, hub_of(hub_client), None))
         else:
@@ -112,7 +114,11 @@ class LeaseConnections:
         settings = self.settings
         if self._cluster is not None:
             return cluster_lease_backend(
-                self._cluster, lock=lock, key_prefix=settings.key_prefix, hub=self._servers[0].hub
+                self._cluster,
+                lock=lock,
+                key_prefix=settings.key_prefix,
+                hub=self._servers[0].hub,
+                batcher=self._cluster_batcher,
             )
         backends = [
             RedisLeaseBackend(
@@ -138,6 +144,8 @@ class LeaseConnections:
             if server.batcher is not None:
                 closers.append(server.batcher.aclose)
             closers += [server.hub.aclose, server.client.aclose]
+        if self._cluster_batcher is not None:
+            closers.append(self._cluster_batcher.aclose)
         if self._cluster is not None:
             closers.append(self._cluster.aclose)
         for close in closers:

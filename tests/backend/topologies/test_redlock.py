@@ -14,6 +14,7 @@ import redis.asyncio
 
 from elector.backend import RedisLeaseBackend, RedisSettings, RedlockLeaseBackend, make_client
 from elector.backend.lua.lease import LockKeys
+from elector.backend.pipeline import ScriptBatcher
 from elector.election import CycleOutcome, Election, ElectionHooks, ElectionTiming, OutcomeKind
 from elector.lease import (
     BackendErrorKind,
@@ -301,6 +302,62 @@ async def test_racing_contenders_never_both_granted(cluster_of: Callable[[int], 
             clean_rounds += 1
             assert await servers.values() == [None] * 5
     assert clean_rounds > 0, "no round was answered in time"
+
+
+async def test_batched_calls_keep_each_locks_majority(three: Servers) -> None:
+    """Many locks over one batcher per server: each lock's calls ride in that server's batch
+    scripts, and each lock is judged by its own majority (renewed while 2 of 3 servers still hold
+    it, lost once 2 do not, its holder the majority's)."""
+    locks = [f"batched-{i}" for i in range(5)]
+    for raw in three.raw:
+        for lock in locks:
+            await seed_used_lock_async(raw, lock)
+    clients = [make_client(RedisSettings(url=proxy.url, request_timeout_s=1.0)) for proxy in three.proxies]
+    batchers = [ScriptBatcher(client) for client in clients]
+    redlocks = {
+        lock: RedlockLeaseBackend(
+            [RedisLeaseBackend(c, lock=lock, batcher=b) for c, b in zip(clients, batchers, strict=True)],
+            lock=lock,
+        )
+        for lock in locks
+    }
+    try:
+        grants = await asyncio.gather(*(r.acquire("a", ttl_ms=TTL_MS) for r in redlocks.values()))
+        assert all(isinstance(g, Granted) for g in grants), grants
+        leases = {lock: g.lease for lock, g in zip(locks, grants, strict=True) if isinstance(g, Granted)}
+        other = json.dumps({"identity": "b", "fencing_token": 99, "token": "t"})
+        # batched-1 lost on one server only (a minority): still renewed.
+        await three.raw[0].delete(LockKeys("batched-1").lease)
+        # batched-2 lapsed on two servers: lost, without a holder (and never re-created).
+        for raw in three.raw[:2]:
+            await raw.delete(LockKeys("batched-2").lease)
+        # batched-3 taken by "b" on two servers: lost to "b".
+        for raw in three.raw[1:]:
+            await raw.set(LockKeys("batched-3").lease, other, px=TTL_MS)
+        scripts_before = [b.stats.batch_scripts for b in batchers]
+        results = await asyncio.gather(*(redlocks[lock].renew(leases[lock]) for lock in locks))
+        renewals = dict(zip(locks, results, strict=True))
+        # One batch script call per server carried every lock's renewal there.
+        assert [b.stats.batch_scripts for b in batchers] == [before + 1 for before in scripts_before]
+        assert isinstance(renewals["batched-0"], Renewed) and isinstance(renewals["batched-4"], Renewed)
+        assert isinstance(renewals["batched-1"], Renewed)
+        assert renewals["batched-2"] == Lost(holder=None, remaining_ms=None)
+        lost = renewals["batched-3"]
+        assert isinstance(lost, Lost) and lost.holder == Holder(identity="b", fencing_token=99)
+        for raw in three.raw[:2]:
+            assert not await raw.exists(LockKeys("batched-2").lease)
+        assert not await three.raw[0].exists(LockKeys("batched-1").lease)
+        released = await asyncio.gather(
+            *(redlocks[lock].release(leases[lock]) for lock in ("batched-0", "batched-4"))
+        )
+        assert released == [True, True]
+    finally:
+        for redlock in redlocks.values():
+            await redlock.aclose()
+        for batcher in batchers:
+            await batcher.aclose()
+        for client in clients:
+            await client.aclose()
 
 
 async def test_server_restarted_empty(three: Servers) -> None:
