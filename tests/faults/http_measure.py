@@ -165,8 +165,9 @@ class Figures:
         """Every bound the attack broke: the lease's, then the service's (probes, memory)."""
         found = self.lease_problems()
         if self.probe_share < PROBE_SHARE:
+            share = f"{100 * self.probe_share:.0f}% < {100 * PROBE_SHARE:.0f}%"
             found.append(f"{self.probes_in_time}/{self.probes} probes answered within "
-                         f"{self.probe_budget_s:.2f}s ({100 * self.probe_share:.0f}% < {100 * PROBE_SHARE:.0f}%)")  # fmt: skip
+                         f"{self.probe_budget_s:.2f}s ({share})")  # fmt: skip
         if self.rss_max_mib > RSS_LIMIT_MIB:
             found.append(f"RSS {self.rss_max_mib:.1f} MiB > {RSS_LIMIT_MIB:g} MiB")
         return found
