@@ -73,6 +73,56 @@ _CALLER_LIB = """local function read_caller(ttl_arg, priority_arg, identity_arg)
 end
 """
 
+#: Lua helpers of ACQUIRE (prepended after META_LIB; not a script; KEYS as in ACQUIRE).
+#:
+#: check_data(meta): {run_id=, replid=, last=, lost=}: what the server says of itself (INFO),
+#:   the fencing counter's raw value, and whether a lease may have been lost since the last
+#:   check (see ACQUIRE's "Quiet period").
+#: note_stream(meta): when the meta hash names no replication stream (a lock protocol 1 alone
+#:   has used since the hash was lost) and nothing was lost, record the server's replid and
+#:   run_id, as a grant would: a later promotion is then seen by its replid.
+_DATA_LIB = """local function check_data(meta)
+  local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
+  local replication = redis.call('INFO', 'replication')
+  local replid = string.match(replication, 'master_replid:(%x+)') or ''
+  local replid2 = string.match(replication, 'master_replid2:(%x+)') or ''
+  local last = redis.call('GET', KEYS[2])
+  local recorded = redis.call('GET', KEYS[4])
+  local lost = not last or recorded ~= run_id
+  if meta and meta.replid then
+    if meta.replid ~= replid then
+      -- A promotion (failover or failback): this server's data may be behind. Unless protocol
+      -- 1 already served the quiet period for this very promotion: the server key holds this
+      -- run_id (protocol 1 sets it only when it starts one), protocol 2 recorded another run_id,
+      -- and this server was promoted straight out of the recorded stream (master_replid2 is
+      -- the replid it had until then). No write of this run_id can have come with the data: the
+      -- recorded stream's master wrote its own run_id there with the record and since, so
+      -- protocol 1 wrote ours after this promotion. A server key of ours from an earlier
+      -- mastership (failover, then failback) is a loss (docs/protocol.md).
+      local served = recorded == run_id and meta.run_id and meta.run_id ~= run_id
+        and meta.replid == replid2
+      if not served then
+        lost = true
+      end
+    end
+  elseif not string.match(replid2, '^0+$') then
+    -- No stream recorded, and this process has been promoted (a master since its start has no
+    -- master_replid2): the server key may be protocol 1's from an earlier mastership of it.
+    lost = true
+  end
+  return {run_id = run_id, replid = replid, last = last, lost = lost}
+end
+local function note_stream(meta)
+  if meta and meta.replid then
+    return
+  end
+  local data = check_data(meta)
+  if not data.lost and string.match(data.last, '^%d+$') then
+    redis.call('HSET', KEYS[8], 'protocol', PROTOCOL, 'replid', data.replid, 'run_id', data.run_id)
+  end
+end
+"""
+
 #: Acquire: grant the lock if free, else say who holds it and for how long.
 #:
 #: KEYS[1] lease key, KEYS[2] fencing counter key, KEYS[3] quiet-period key, KEYS[4] server key,
@@ -112,8 +162,12 @@ end
 #: promotion) differs from the one in the meta hash. The quiet period lasts the longest of: our
 #: ttl, the longest ttl this contender saw in use (ARGV[6]), and the longest ttl recorded in the
 #: meta hash; a contender that saw a longer ttl than the one a quiet period was started with
-#: stretches it. A replid change is not counted when protocol 1 has served the quiet period on
-#: this server since (see docs/protocol.md): one quiet period per loss in a mixed fleet.
+#: stretches it. A replid change is not counted when protocol 1 has served the quiet period for
+#: this promotion (this server was promoted out of the recorded stream, and protocol 1 recorded
+#: its run_id since; see docs/protocol.md): one quiet period per loss in a mixed fleet. When the
+#: meta hash names no stream (protocol 1 alone used the lock since the hash was lost), the server
+#: key is trusted only on a server never promoted since its start (no master_replid2); a held
+#: or quiet answer then records the stream (note_stream), so later promotions are seen.
 #: The announcement is best effort (pcall): a user without channel permissions still gets grants.
 #:
 #: Handoff: checked after the quiet period (a restarted server's stale handoff must not shorten
@@ -124,6 +178,7 @@ ACQUIRE = (
     _LIB
     + protocol.META_LIB
     + _CALLER_LIB
+    + _DATA_LIB
     + """
 local caller, refusal = read_caller(ARGV[3], ARGV[5], ARGV[1])
 if not caller then
@@ -153,10 +208,12 @@ if holder then
     local fencing = string.match(holder, '"fencing_token":(%d+)')
     return {1, tonumber(fencing), holder}
   end
+  note_stream(meta)
   return {0, holder, redis.call('PTTL', KEYS[1])}
 end
 local quiet = redis.call('PTTL', KEYS[3])
 if quiet > 0 then
+  note_stream(meta)
   -- Started by a contender that knew a shorter ttl (or by protocol 1): one that saw a longer
   -- ttl in use, or the meta hash's record of one, stretches it (the value is the start, in
   -- server ms, in both protocols).
@@ -171,22 +228,10 @@ if quiet > 0 then
   end
   return {2, '', quiet}
 end
-local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
-local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)') or ''
-local last = redis.call('GET', KEYS[2])
+local data = check_data(meta)
+local run_id, replid, last, lost = data.run_id, data.replid, data.last, data.lost
 if last and (not string.match(last, '^%d+$') or string.len(last) > 15) then
   return redis.error_reply('ERR elector: the fencing counter is not an integer below 10^15')
-end
-local recorded = redis.call('GET', KEYS[4])
-local lost = not last or recorded ~= run_id
-if meta and meta.replid and meta.replid ~= replid then
-  -- A promotion (failover or failback): this server's data may be behind. Unless protocol 1
-  -- already served the quiet period on this server since the replid was recorded: it set the
-  -- server key to this run_id, and protocol 2 had recorded another run_id beside the replid.
-  local served = recorded == run_id and meta.run_id and meta.run_id ~= run_id
-  if not served then
-    lost = true
-  end
 end
 if lost then
   local quiet_ms = math.max(ttl, seen_ttl)
