@@ -20,7 +20,7 @@
  *   MIXED      a mixed fleet: candidate 0 speaks protocol 1 (cbaaac6: no meta hash, lost data
  *              seen by the counter and the run_id only); property 1 is then checked for the
  *              grants to protocol-2 candidates (a protocol-1 grant on a failback is protocol 1's
- *              own bug, docs/protocol.md)
+ *              own bug, docs/protocol.md); no losses (the other runs check them)
  *   MAXG, MAXF, MAXP   grants, faults, pauses per run
  * Mutants (each removes one safety mechanism; spin must then find a counterexample):
  *   MUT_VALIDITY_FROM_ANSWER  validity counted from the answer instead of the send
@@ -639,7 +639,7 @@ init {
   :: atomic { gid < MAXG && req[2] != RQ_NONE -> apply(2); check() }
 #endif
   :: gid >= MAXG -> break
-#ifndef LIVE
+#if !defined(LIVE) && !defined(MIXED)
   :: atomic { lose(0) }
   :: atomic { lose(1) }
 #if N > 2

@@ -66,10 +66,6 @@ MUTANTS = (
         (*MIXED, "-DMUT_SERVED_ANY_STREAM"),
         "protocol 1's quiet period credited for any promotion",
     ),
-)
-#: Checked by hand only (over 2 minutes to its counterexample on 2 cores, too long for CI):
-#: without a stream in the meta hash, the server key trusted on a promoted server.
-SLOW_MUTANTS = (
     Config("no-meta-trusted", (*MIXED, "-DMUT_NO_META_TRUSTED"), "the server key trusted without a stream"),
 )
 
