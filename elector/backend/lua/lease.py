@@ -37,6 +37,7 @@ from __future__ import annotations
 from elector.backend import protocol
 from elector.backend.lua.common import LIB as _LIB
 from elector.backend.lua.common import MAX_CANDIDATES, MAX_HANDOFF_BYTES, PRUNE_LIMIT
+from elector.backend.lua.lost_data import DATA_LIB
 
 __all__ = [
     "ACQUIRE",
@@ -70,56 +71,6 @@ _CALLER_LIB = """local function read_caller(ttl_arg, priority_arg, identity_arg)
     return nil, redis.error_reply('ERR elector: identity must be a JSON string')
   end
   return {ttl = ttl, priority = priority, me = me}
-end
-"""
-
-#: Lua helpers of ACQUIRE (prepended after META_LIB; not a script; KEYS as in ACQUIRE).
-#:
-#: check_data(meta): {run_id=, replid=, last=, lost=}: what the server says of itself (INFO),
-#:   the fencing counter's raw value, and whether a lease may have been lost since the last
-#:   check (see ACQUIRE's "Quiet period").
-#: note_stream(meta): when the meta hash names no replication stream (a lock protocol 1 alone
-#:   has used since the hash was lost) and nothing was lost, record the server's replid and
-#:   run_id, as a grant would: a later promotion is then seen by its replid.
-_DATA_LIB = """local function check_data(meta)
-  local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
-  local replication = redis.call('INFO', 'replication')
-  local replid = string.match(replication, 'master_replid:(%x+)') or ''
-  local replid2 = string.match(replication, 'master_replid2:(%x+)') or ''
-  local last = redis.call('GET', KEYS[2])
-  local recorded = redis.call('GET', KEYS[4])
-  local lost = not last or recorded ~= run_id
-  if meta and meta.replid then
-    if meta.replid ~= replid then
-      -- A promotion (failover or failback): this server's data may be behind. Unless protocol
-      -- 1 already served the quiet period for this very promotion: the server key holds this
-      -- run_id (protocol 1 sets it only when it starts one), protocol 2 recorded another run_id,
-      -- and this server was promoted straight out of the recorded stream (master_replid2 is
-      -- the replid it had until then). No write of this run_id can have come with the data: the
-      -- recorded stream's master wrote its own run_id there with the record and since, so
-      -- protocol 1 wrote ours after this promotion. A server key of ours from an earlier
-      -- mastership (failover, then failback) is a loss (docs/protocol.md).
-      local served = recorded == run_id and meta.run_id and meta.run_id ~= run_id
-        and meta.replid == replid2
-      if not served then
-        lost = true
-      end
-    end
-  elseif not string.match(replid2, '^0+$') then
-    -- No stream recorded, and this process has been promoted (a master since its start has no
-    -- master_replid2): the server key may be protocol 1's from an earlier mastership of it.
-    lost = true
-  end
-  return {run_id = run_id, replid = replid, last = last, lost = lost}
-end
-local function note_stream(meta)
-  if meta and meta.replid then
-    return
-  end
-  local data = check_data(meta)
-  if not data.lost and string.match(data.last, '^%d+$') then
-    redis.call('HSET', KEYS[8], 'protocol', PROTOCOL, 'replid', data.replid, 'run_id', data.run_id)
-  end
 end
 """
 
@@ -178,7 +129,7 @@ ACQUIRE = (
     _LIB
     + protocol.META_LIB
     + _CALLER_LIB
-    + _DATA_LIB
+    + DATA_LIB
     + """
 local caller, refusal = read_caller(ARGV[3], ARGV[5], ARGV[1])
 if not caller then
