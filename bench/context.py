@@ -29,11 +29,8 @@ IMAGE_PYTHON_ENV = {"PYTHONOPTIMIZE": "2", "PYTHONDONTWRITEBYTECODE": "1"}
 #: IMAGE_PYTHON_ENV. They `exec`, so the PID the benchmarks measure is the interpreter's own.
 _PLAIN_WRAPPER = "python-in-workdir-root"
 _IMAGE_WRAPPER = "python-as-image"
-#: What the daemon imports first (elector/cli/tls.py without TLS), then its modules.
-_DAEMON_IMPORTS = (
-    "from elector.cli.tls import without_openssl; without_openssl(); "
-    "import elector.cli.main, elector.daemon.service"
-)
+#: What the daemon imports.
+_DAEMON_IMPORTS = "import elector.cli.main, elector.daemon.service"
 #: Prints the source files of loaded modules whose .pyc (of this optimization level) is missing:
 #: those are compiled in memory at each start.
 _MISSING_PYC_PROBE = f"""

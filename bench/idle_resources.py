@@ -38,12 +38,10 @@ DEV = "dev venv (.venv)"
 RUNTIME = "runtime-only venv"
 #: How the container image runs it (Dockerfile: ENV PYTHONOPTIMIZE=2, opt-2 .pyc compiled).
 IMAGE = "runtime-only venv, PYTHONOPTIMIZE=2 (as the image runs)"
-#: What `elector run` does first without TLS (elector/cli/tls.py): asyncio without OpenSSL.
-NO_OPENSSL = "from elector.cli.tls import without_openssl; without_openssl()"
 #: In the daemon's own order, shared dependencies first, so that each increment is what that
 #: package adds on top of the ones before it.
 IMPORT_STEPS = [
-    ("asyncio, no OpenSSL (elector.cli.tls)", NO_OPENSSL),
+    ("asyncio (with ssl: asyncio imports it)", "import asyncio"),
     ("redis-py (redis.asyncio)", "import redis.asyncio"),
     ("h11 (the HTTP protocol layer)", "import h11"),
     ("prometheus_client", "import prometheus_client"),
@@ -52,7 +50,7 @@ IMPORT_STEPS = [
     ("elector (cli, app and the rest)", "import elector.cli.main, elector.daemon.service"),
 ]
 #: Everything the daemon imports, in its order.
-DAEMON_IMPORTS = NO_OPENSSL + "; import elector.cli.main, elector.daemon.service"
+DAEMON_IMPORTS = "import elector.cli.main, elector.daemon.service"
 #: The savings: (label, python before, python after (DEV, RUNTIME or IMAGE), base statement,
 #: statement before, statement after).
 SAVINGS = [
@@ -63,14 +61,6 @@ SAVINGS = [
         "import ssl, asyncio, redis.asyncio",
         "import aiohttp, aiohttp.web",
         "import h11",
-    ),
-    (
-        "OpenSSL (ssl, _hashlib) loaded only for rediss://",
-        RUNTIME,
-        RUNTIME,
-        "",
-        "import ssl, asyncio, hashlib",
-        NO_OPENSSL + "; import hashlib",
     ),
     (
         "docstrings (PYTHONOPTIMIZE=2, from opt-2 .pyc files: the image's ENV)",

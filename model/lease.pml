@@ -17,6 +17,10 @@
  *   FAILOVERS  faults: a failover to a lagging replica, and a failback
  *   LIVE       no faults, losses or pauses; prompt delivery; followers retry when their wait
  *              ends or a release is announced: checks the liveness properties
+ *   MIXED      a mixed fleet: candidate 0 speaks protocol 1 (cbaaac6: no meta hash, lost data
+ *              seen by the counter and the run_id only); property 1 is then checked for the
+ *              grants to protocol-2 candidates (a protocol-1 grant on a failback is protocol 1's
+ *              own bug, docs/protocol.md); no losses (the other runs check them)
  *   MAXG, MAXF, MAXP   grants, faults, pauses per run
  * Mutants (each removes one safety mechanism; spin must then find a counterexample):
  *   MUT_VALIDITY_FROM_ANSWER  validity counted from the answer instead of the send
@@ -28,6 +32,11 @@
  *   MUT_TOKEN_NO_CLOCK        fencing tokens without the server-clock floor
  *   MUT_RELEASE_ANY           a release deletes the key without the owner check
  *   MUT_NO_ANNOUNCE           a release is not announced (LIVE)
+ *   MUT_SERVED_ANY_STREAM     protocol 1's served quiet period is credited without checking
+ *                             that this server was promoted straight out of the recorded
+ *                             stream (master_replid2): the failback after a failover (MIXED)
+ *   MUT_NO_META_TRUSTED       without a stream in the meta hash, the server key is trusted on
+ *                             a promoted server too (MIXED)
  */
 
 #ifndef N
@@ -141,6 +150,7 @@ byte hto[3];              /* ... to + 1, 0 = anyone but from */
 byte httl[3];
 byte runid[2];            /* run_id of each server process */
 byte rid[2];              /* its master_replid */
+byte rid2[2];             /* its master_replid2: the replid it had until its last promotion */
 byte pri;                 /* the primary (the server the candidates talk to) */
 byte nextid;              /* fresh run_ids and replids */
 byte faults;
@@ -157,12 +167,28 @@ bit  gone;                /* LIVE: a candidate has shut down (one may; one must 
 byte relwait;             /* LIVE: ticks since a release with nobody leading since; 0 = none */
 
 #define MAX(a, b) ((a) > (b) -> (a) : (b))
+#ifdef MUT_NO_META_TRUSTED
+#define UNPROMOTED(s) true
+#else
+#define UNPROMOTED(s) (rid2[s] == 0)
+#endif
+#ifdef MIXED
+#define P1(i) ((i) == 0)  /* candidate 0 speaks protocol 1 */
+#else
+#define P1(i) false
+#endif
 #define INC(x, cap) x = ((x) < (cap) -> (x) + 1 : (x))
 #define DEC(x) x = ((x) > 0 -> (x) - 1 : 0)
 
 /* Property 1: never two candidates inside their believed validity, unless one of them was kept
-   from seeing its validity end by a pause longer than the margin absorbs (excused). */
+   from seeing its validity end by a pause longer than the margin absorbs (excused).  MIXED: the
+   newer of the two leases (the higher grant id) went to a protocol-2 candidate. */
+#ifdef MIXED
+#define OVERLAP2(a, b) (lead[a] && lead[b] && !excused[a] && !excused[b] \
+                        && !P1(lgid[a] > lgid[b] -> a : b))
+#else
 #define OVERLAP2(a, b) (lead[a] && lead[b] && !excused[a] && !excused[b])
+#endif
 #if N == 2
 #define EXCLUSIVE (!OVERLAP2(0, 1))
 #else
@@ -336,10 +362,23 @@ inline grant_or_stand_back(i, s) {
      gid++;
      khold[s] = i + 1; kgid[s] = gid; kcur[s] = 1; kttl[s] = TTL; SET_KTOK(s, tok);
      hfrom[s] = 0; hto[s] = 0; httl[s] = 0;
-     meta[s] = 1; mrid[s] = rid[s]; mrun[s] = runid[s];
+     if
+     :: !P1(i) -> meta[s] = 1; mrid[s] = rid[s]; mrun[s] = runid[s]
+     :: else     /* protocol 1 has no meta hash */
+     fi;
      answer(i, AN_GRANTED, gid, tok, 0);
      printf("MSC: redis (server %d) grants lease %d, token %d, to c%d\n", s, gid, tok, i);
      tok = 0
+  fi
+}
+
+/* ACQUIRE, held or quiet: a protocol-2 contender that finds no stream in the meta hash (a lock
+   protocol 1 alone used) records it, when the lost-data check would pass (note_stream) */
+inline note_stream(i, s) {
+  if
+  :: !P1(i) && !meta[s] && ctr[s] != 0 && srec[s] == runid[s] && UNPROMOTED(s) ->
+     meta[s] = 1; mrid[s] = rid[s]; mrun[s] = runid[s]
+  :: else
   fi
 }
 
@@ -351,8 +390,10 @@ inline acquire(i, s) {
      answer(i, AN_GRANTED, kgid[s], ktok[s], 0);
      printf("MSC: redis adopts lease %d for c%d\n", kgid[s], i)
   :: khold[s] != 0 && !(khold[s] == i + 1 && kcur[s] && unc[i]) ->
+     note_stream(i, s);
      answer(i, AN_HELD, 0, ktok[s], kttl[s])
   :: khold[s] == 0 && qttl[s] > 0 ->
+     note_stream(i, s);
      answer(i, AN_QUIET, 0, 0, qttl[s])
   :: khold[s] == 0 && qttl[s] == 0 ->
      lost = (ctr[s] == 0);
@@ -360,10 +401,17 @@ inline acquire(i, s) {
      lost = lost || (srec[s] != runid[s]);
 #endif
 #ifndef MUT_FAILBACK_RUNID_ONLY
-     /* a promotion (failover or failback), unless protocol 1 served the quiet period since
-        (`served`: never the case in this all-protocol-2 model, kept to follow the script) */
-     lost = lost || (meta[s] && mrid[s] != rid[s]
-                     && !(srec[s] == runid[s] && mrun[s] != 0 && mrun[s] != runid[s]));
+     /* a promotion (failover or failback), unless protocol 1 served the quiet period for this
+        very promotion (`served`: its run_id recorded, another one in the meta hash, and this
+        server promoted straight out of the recorded stream; only MIXED runs can take it) */
+#ifdef MUT_SERVED_ANY_STREAM
+#define SERVED(s) (srec[s] == runid[s] && mrun[s] != 0 && mrun[s] != runid[s])
+#else
+#define SERVED(s) (srec[s] == runid[s] && mrun[s] != 0 && mrun[s] != runid[s] && mrid[s] == rid2[s])
+#endif
+     lost = lost || (!P1(i) && meta[s] && mrid[s] != rid[s] && !SERVED(s));
+     /* no stream recorded: the server key is trusted on a server never promoted since it started */
+     lost = lost || (!P1(i) && !meta[s] && !UNPROMOTED(s));
 #endif
      if
      :: lost ->
@@ -376,7 +424,11 @@ inline acquire(i, s) {
 #endif
         :: else
         fi;
-        srec[s] = runid[s]; meta[s] = 1; mrid[s] = rid[s]; mrun[s] = runid[s];
+        srec[s] = runid[s];
+        if
+        :: !P1(i) -> meta[s] = 1; mrid[s] = rid[s]; mrun[s] = runid[s]
+        :: else
+        fi;
 #ifndef MUT_NO_QUIET
         qttl[s] = TTL;
         answer(i, AN_QUIET, 0, 0, TTL);
@@ -571,7 +623,7 @@ init {
   bit lost, had;
   atomic {
     runid[0] = 1; runid[1] = 2; rid[0] = 3; rid[1] = 3; nextid = 4; pri = 0;
-    sclk = 1      /* the server clock (ms since the epoch) is above 0 */
+    sclk = 1;     /* the server clock (ms since the epoch) is above 0 */
   }
   do
   /* candidates act */
@@ -587,7 +639,7 @@ init {
   :: atomic { gid < MAXG && req[2] != RQ_NONE -> apply(2); check() }
 #endif
   :: gid >= MAXG -> break
-#ifndef LIVE
+#if !defined(LIVE) && !defined(MIXED)
   :: atomic { lose(0) }
   :: atomic { lose(1) }
 #if N > 2
@@ -600,7 +652,8 @@ init {
        printf("MSC: server %d (replica) syncs from server %d\n", 1 - pri, pri) }
   /* a failover to the replica, lagging or not; a second one is a failback to the old
      primary, which may lag behind too */
-  :: atomic { faults < MAXF -> lost_data(); pri = 1 - pri; rid[pri] = nextid; nextid++; copied = 0;
+  :: atomic { faults < MAXF -> lost_data(); pri = 1 - pri; rid2[pri] = rid[pri]; rid[pri] = nextid;
+       nextid++; copied = 0;
        printf("MSC: FAULT failover to server %d\n", pri); check() }
 #endif
 #ifdef RESTARTS
@@ -609,10 +662,10 @@ init {
        printf("MSC: snapshot of server %d\n", pri) }
   /* the primary restarts empty (new run_id, new replid) */
   :: atomic { faults < MAXF -> lost_data(); wipe(pri); runid[pri] = nextid; rid[pri] = nextid + 1;
-       nextid = nextid + 2; printf("MSC: FAULT primary %d restarts empty\n", pri); check() }
+       rid2[pri] = 0; nextid = nextid + 2; printf("MSC: FAULT primary %d restarts empty\n", pri); check() }
   /* the primary restarts from the snapshot (new run_id; the replid may come back from the RDB) */
   :: atomic { faults < MAXF -> lost_data(); copy_data(SNAP, pri); runid[pri] = nextid;
-       if :: rid[pri] = nextid + 1 :: skip fi;
+       if :: rid2[pri] = rid[pri]; rid[pri] = nextid + 1 :: rid2[pri] = 0; rid[pri] = nextid + 1 :: skip fi;
        nextid = nextid + 2; printf("MSC: FAULT primary %d restarts from the snapshot\n", pri); check() }
 #endif
   /* time passes */

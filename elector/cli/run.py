@@ -9,7 +9,6 @@ import click
 from click.core import ParameterSource
 
 from elector.cli.options import CONTEXT, RUN_OPTIONS, invalid_setting, options
-from elector.cli.tls import tls_configured, without_openssl
 
 # help= and not a docstring: the image runs with PYTHONOPTIMIZE=2, which strips docstrings.
 HELP = """Compete for each LOCK; lead while holding it; publish the role over HTTP and metrics.
@@ -30,13 +29,6 @@ command's own exit code.
 @options(*RUN_OPTIONS)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(*, command: tuple[str, ...], **params: Any) -> None:
-    # No TLS configured: no OpenSSL in this process (4.5 MiB less RSS), decided before the
-    # first import of asyncio (see elector/cli/tls.py).
-    if not tls_configured(
-        urls=(params["redis_url"], *params["redlock_url"]),
-        files=(params["redis_tls_ca"], params["redis_tls_cert"], params["redis_tls_key"]),
-    ):
-        without_openssl()
     # The daemon pulls in redis, asyncio and structlog (~0.3 s): imported only when it runs.
     from elector.daemon.settings import SettingsError, build_settings
 

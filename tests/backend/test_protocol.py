@@ -396,14 +396,20 @@ async def test_after_a_failover_the_quiet_period_the_previous_release_served_is_
     r1_raw = redis.asyncio.Redis.from_url(redis_server.url)
     await seed_used_lock_async(r1_raw)
     new_on_r1 = RedisLeaseBackend(clients(redis_server.url), lock="jobs")
-    lease, _ = await acquire_until_granted(new_on_r1, "new", ttl_ms=500)  # records R1's replid
-    assert await new_on_r1.release(lease)
     with RedisServerProcess() as r2:
         r2_raw = redis.asyncio.Redis.from_url(r2.url)
         try:
             await r1_raw.config_set("repl-diskless-sync-delay", 0)
+            # R2 attached first: a master's first replica gives it a new replid (its backlog's).
             await r2_raw.replicaof("127.0.0.1", redis_server.port)
             await wait_replica_synced(r2_raw)
+            lease, _ = await acquire_until_granted(new_on_r1, "new", ttl_ms=500)  # records R1's replid
+            assert await new_on_r1.release(lease)
+            replid = await r1_raw.hget(KEYS.meta, "replid")
+            for _ in range(200):
+                if await r2_raw.hget(KEYS.meta, "replid") == replid:
+                    break
+                await asyncio.sleep(0.02)
             await r2_raw.replicaof("NO", "ONE")  # the failover
             old = PreviousRelease(r2_raw, "old", ttl_ms=500)
             first = await old.acquire()

@@ -152,7 +152,6 @@ def test_the_daemon_runs_from_opt_2_bytecode_as_in_the_image(installed: tuple[Pa
     env = {**_offline_env(), "HOME": os.devnull, "PYTHONDONTWRITEBYTECODE": "1"}
     probe = (
         "import sys\n"
-        "from elector.cli.tls import without_openssl; without_openssl()\n"
         "import elector.cli.main, elector.daemon.service\n"
         "if sys.flags.optimize != 2: sys.exit('not optimized')\n"  # an assert would be stripped
         "for m in list(sys.modules.values()):\n"

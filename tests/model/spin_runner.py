@@ -26,6 +26,8 @@ BASE3 = ("-DN=3", "-DMAXG=3", "-DMAXF=0", "-DMAXP=0")
 RESTARTS = ("-DRESTARTS", "-DMAXG=2", "-DMAXF=1", "-DMAXP=0")
 FAILOVERS = ("-DFAILOVERS", "-DTTL=4", "-DMAXG=3", "-DMAXF=2", "-DMAXP=0")
 LIVE = ("-DLIVE",)
+#: Mixed fleet: candidate 0 speaks protocol 1; failover, failback, failover again (3 faults).
+MIXED = ("-DFAILOVERS", "-DMIXED", "-DTTL=3", "-DMAXG=2", "-DMAXF=3", "-DMAXP=0")
 LIVE3 = ("-DLIVE", "-DN=3")
 
 
@@ -43,6 +45,7 @@ REAL = (
     Config("restarts", RESTARTS, "empty restart or restart from an old snapshot: properties 1, 2"),
     Config("failovers", FAILOVERS, "failover to a lagging replica, then failback: properties 1, 2"),
     Config("live", LIVE, "no faults: properties 3, 5"),
+    Config("mixed", MIXED, "protocol 1 beside protocol 2, three failovers: property 1 for protocol-2 grants"),
     Config("live-3", LIVE3, "no faults, 3 candidates: properties 3, 5"),
 )
 
@@ -58,6 +61,12 @@ MUTANTS = (
         "failback-runid-only", (*FAILOVERS, "-DMUT_FAILBACK_RUNID_ONLY"), "the quiet period misses failback"
     ),
     Config("no-announce", (*LIVE, "-DMUT_NO_ANNOUNCE"), "a release is not announced"),
+    Config(
+        "served-any-stream",
+        (*MIXED, "-DMUT_SERVED_ANY_STREAM"),
+        "protocol 1's quiet period credited for any promotion",
+    ),
+    Config("no-meta-trusted", (*MIXED, "-DMUT_NO_META_TRUSTED"), "the server key trusted without a stream"),
 )
 
 

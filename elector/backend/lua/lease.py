@@ -37,6 +37,7 @@ from __future__ import annotations
 from elector.backend import protocol
 from elector.backend.lua.common import LIB as _LIB
 from elector.backend.lua.common import MAX_CANDIDATES, MAX_HANDOFF_BYTES, PRUNE_LIMIT
+from elector.backend.lua.lost_data import DATA_LIB
 
 __all__ = [
     "ACQUIRE",
@@ -112,8 +113,12 @@ end
 #: promotion) differs from the one in the meta hash. The quiet period lasts the longest of: our
 #: ttl, the longest ttl this contender saw in use (ARGV[6]), and the longest ttl recorded in the
 #: meta hash; a contender that saw a longer ttl than the one a quiet period was started with
-#: stretches it. A replid change is not counted when protocol 1 has served the quiet period on
-#: this server since (see docs/protocol.md): one quiet period per loss in a mixed fleet.
+#: stretches it. A replid change is not counted when protocol 1 has served the quiet period for
+#: this promotion (this server was promoted out of the recorded stream, and protocol 1 recorded
+#: its run_id since; see docs/protocol.md): one quiet period per loss in a mixed fleet. When the
+#: meta hash names no stream (protocol 1 alone used the lock since the hash was lost), the server
+#: key is trusted only on a server never promoted since its start (no master_replid2); a held
+#: or quiet answer then records the stream (note_stream), so later promotions are seen.
 #: The announcement is best effort (pcall): a user without channel permissions still gets grants.
 #:
 #: Handoff: checked after the quiet period (a restarted server's stale handoff must not shorten
@@ -124,6 +129,7 @@ ACQUIRE = (
     _LIB
     + protocol.META_LIB
     + _CALLER_LIB
+    + DATA_LIB
     + """
 local caller, refusal = read_caller(ARGV[3], ARGV[5], ARGV[1])
 if not caller then
@@ -153,10 +159,12 @@ if holder then
     local fencing = string.match(holder, '"fencing_token":(%d+)')
     return {1, tonumber(fencing), holder}
   end
+  note_stream(meta)
   return {0, holder, redis.call('PTTL', KEYS[1])}
 end
 local quiet = redis.call('PTTL', KEYS[3])
 if quiet > 0 then
+  note_stream(meta)
   -- Started by a contender that knew a shorter ttl (or by protocol 1): one that saw a longer
   -- ttl in use, or the meta hash's record of one, stretches it (the value is the start, in
   -- server ms, in both protocols).
@@ -171,22 +179,10 @@ if quiet > 0 then
   end
   return {2, '', quiet}
 end
-local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
-local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)') or ''
-local last = redis.call('GET', KEYS[2])
+local data = check_data(meta)
+local run_id, replid, last, lost = data.run_id, data.replid, data.last, data.lost
 if last and (not string.match(last, '^%d+$') or string.len(last) > 15) then
   return redis.error_reply('ERR elector: the fencing counter is not an integer below 10^15')
-end
-local recorded = redis.call('GET', KEYS[4])
-local lost = not last or recorded ~= run_id
-if meta and meta.replid and meta.replid ~= replid then
-  -- A promotion (failover or failback): this server's data may be behind. Unless protocol 1
-  -- already served the quiet period on this server since the replid was recorded: it set the
-  -- server key to this run_id, and protocol 2 had recorded another run_id beside the replid.
-  local served = recorded == run_id and meta.run_id and meta.run_id ~= run_id
-  if not served then
-    lost = true
-  end
 end
 if lost then
   local quiet_ms = math.max(ttl, seen_ttl)
