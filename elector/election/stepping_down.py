@@ -27,7 +27,7 @@ class SteppingDown(ElectionCore):
     async def _begin_step_down(self, reason: StepDownReason, *, release: bool) -> None:
         """Stop leader work first (the lease is still ours meanwhile), then drop the lease.
 
-        When the work could not be stopped (the hook raised), nothing is released: see the module doc.
+        When the work could not be stopped (the hook raised), nothing is released: see machine.py.
         """
         lease = self._lease
         self._state = State.STEPPING_DOWN
