@@ -49,7 +49,9 @@ class InvalidRedisSettingsError(ValueError):
     """A Redis setting is wrong; the message never contains a secret.
 
     `setting` says which: "url", "password_file", "request_timeout", "tls_ca", "tls_cert",
-    "tls_key", "min_replicas_ack" or "replicas_ack_timeout".
+    "tls_key", "min_replicas_ack", "replicas_ack_timeout", "cluster" or "redlock_url". Messages
+    name settings in these terms, never a command's flags: the CLI maps them to its flags
+    (elector/cli/options.py, `in_flags`).
     """
 
     def __init__(self, message: str, *, setting: str = "url") -> None:
@@ -128,7 +130,7 @@ class RedisSettings:
                 # WAIT must follow the write on the same node connection, which the cluster
                 # client does not promise: refused rather than silently not waited for.
                 raise InvalidRedisSettingsError(
-                    "--min-replicas-ack is not supported with a Redis Cluster", setting="cluster"
+                    "min_replicas_ack is not supported with a Redis Cluster", setting="cluster"
                 )
         if not self.redlock_urls:
             return
@@ -143,7 +145,7 @@ class RedisSettings:
             # Redlock's confirm round is not WAITed, and a majority of independent servers is
             # already its answer to losing one: refused rather than half applied.
             raise InvalidRedisSettingsError(
-                "--min-replicas-ack is not supported with --redlock-url", setting="redlock_url"
+                "min_replicas_ack is not supported with redlock_url", setting="redlock_url"
             )
         if len(set(self.redlock_urls)) != count:
             raise InvalidRedisSettingsError("a Redlock server is given twice", setting="redlock_url")
@@ -180,7 +182,7 @@ class RedisSettings:
             # urlsplit ended the user-info early: the password holds a raw "/", "?" or "#".
             raise InvalidRedisSettingsError(
                 "the redis URL's password contains '/', '?' or '#': percent-encode it "
-                "(%2F, %3F, %23) or pass it with --redis-password-file"
+                "(%2F, %3F, %23) or pass it with password_file"
             )
         if parsed.scheme in ("redis", "rediss") and not parsed.hostname:
             raise InvalidRedisSettingsError(f"redis URL has no host: {redact_url(self.url)}")
@@ -203,24 +205,23 @@ class RedisSettings:
         given = {name: path for name, path in files.items() if path is not None}
         if not given:
             return
-        flags = ", ".join(_FLAG_OF[name] for name in given)
+        names = ", ".join(given)
         if _scheme(self.url) not in TLS_SCHEMES:
             raise InvalidRedisSettingsError(
-                f"{flags} only apply to TLS connections: use a rediss:// (or rediss+sentinel://) URL",
+                f"{names} only apply to TLS connections: use a rediss:// (or rediss+sentinel://) URL",
                 setting=next(iter(given)),
             )
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             missing = "tls_key" if self.tls_key_file is None else "tls_cert"
             raise InvalidRedisSettingsError(
-                f"{_FLAG_OF['tls_cert']} and {_FLAG_OF['tls_key']} go together: {_FLAG_OF[missing]} "
-                "is missing",
+                f"tls_cert and tls_key go together: {missing} is missing",
                 setting=missing,
             )
         query = self.url.partition("?")[2]
         for name, option in _URL_OPTION_OF.items():
             if name in given and option in urllib.parse.parse_qs(query):
                 raise InvalidRedisSettingsError(
-                    f"{_FLAG_OF[name]} and the URL option {option} both set the same file: keep one",
+                    f"{name} and the URL option {option} both set the same file: keep one",
                     setting=name,
                 )
         for name, path in given.items():
@@ -232,8 +233,7 @@ class RedisSettings:
                 context.load_verify_locations(cafile=str(self.tls_ca_file))
         except (ssl.SSLError, ValueError) as exc:
             raise InvalidRedisSettingsError(
-                f"{_FLAG_OF['tls_ca']} {self.tls_ca_file} holds no usable CA certificate "
-                f"({_ssl_reason(exc)})",
+                f"tls_ca {self.tls_ca_file} holds no usable CA certificate ({_ssl_reason(exc)})",
                 setting="tls_ca",
             ) from None
         try:
@@ -241,7 +241,7 @@ class RedisSettings:
                 context.load_cert_chain(certfile=str(self.tls_cert_file), keyfile=str(self.tls_key_file))
         except (ssl.SSLError, ValueError) as exc:
             raise InvalidRedisSettingsError(
-                f"{_FLAG_OF['tls_cert']} {self.tls_cert_file} and {_FLAG_OF['tls_key']} {self.tls_key_file} "
+                f"tls_cert {self.tls_cert_file} and tls_key {self.tls_key_file} "
                 f"are not a matching certificate and private key ({_ssl_reason(exc)})",
                 setting="tls_cert",
             ) from None
@@ -258,7 +258,7 @@ class RedisSettings:
             return
         if count == 0:
             raise InvalidRedisSettingsError(
-                "the replicas ack timeout only applies with --min-replicas-ack 1 or more",
+                "replicas_ack_timeout only applies with min_replicas_ack 1 or more",
                 setting="replicas_ack_timeout",
             )
         if not 0.001 <= timeout_s < self.request_timeout_s:
@@ -292,8 +292,6 @@ class RedisSettings:
         return password
 
 
-#: The command-line flag of each file setting, for messages.
-_FLAG_OF = {"tls_ca": "--redis-tls-ca", "tls_cert": "--redis-tls-cert", "tls_key": "--redis-tls-key"}
 #: The URL query option redis-py reads for the same file.
 _URL_OPTION_OF = {"tls_ca": "ssl_ca_certs", "tls_cert": "ssl_certfile", "tls_key": "ssl_keyfile"}
 
@@ -348,7 +346,7 @@ def _check_query_options(options: Any) -> None:
             allowed = ", ".join(sorted(ALLOWED_QUERY_OPTIONS))
             raise InvalidRedisSettingsError(
                 f"redis URL option {option!r} is not supported: elector sets timeouts, retries "
-                f"and health checks itself (see --request-timeout); allowed: {allowed}"
+                f"and health checks itself (see request_timeout); allowed: {allowed}"
             )
 
 
@@ -358,7 +356,7 @@ def _check_readable(path: Path, *, setting: str) -> None:
             pass
     except OSError as exc:
         raise InvalidRedisSettingsError(
-            f"cannot read {_FLAG_OF[setting]} {path}: {exc.strerror}", setting=setting
+            f"cannot read {setting} {path}: {exc.strerror}", setting=setting
         ) from None
 
 

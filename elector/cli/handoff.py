@@ -12,6 +12,7 @@ from elector.cli.options import (
     RedisConnection,
     control_options,
     control_url,
+    in_flags,
     invalid_setting,
 )
 
@@ -75,7 +76,7 @@ def handoff(
         )
     except HandoffError as exc:
         if exc.usage:
-            raise click.UsageError(str(exc)) from None
+            raise click.UsageError(in_flags(str(exc))) from None
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     if not result.done:

@@ -138,6 +138,30 @@ def options(*declared: Option) -> Callable[[F], F]:
     return decorate
 
 
+#: The Redis settings as the backend names them in its messages (RedisSettings' terms), and the
+#: flag each is on the command line: the one place where the backend's words become the CLI's.
+BACKEND_SETTING_FLAGS = {
+    "password_file": "--redis-password-file",
+    "tls_ca": "--redis-tls-ca",
+    "tls_cert": "--redis-tls-cert",
+    "tls_key": "--redis-tls-key",
+    "request_timeout": "--request-timeout",
+    "min_replicas_ack": "--min-replicas-ack",
+    "replicas_ack_timeout": "--replicas-ack-timeout",
+    "redlock_url": "--redlock-url",
+}
+# A whole word only: never part of a file path (/etc/tls_ca.pem) or of a URL option.
+_BACKEND_SETTING = re.compile(
+    r"(?<![\w/.=-])(" + "|".join(map(re.escape, BACKEND_SETTING_FLAGS)) + r")(?![\w/.=-])"
+)
+
+
+def in_flags(message: str) -> str:
+    """`message` with the Redis settings it names in the backend's terms (`tls_ca`) written as
+    this CLI's flags (`--redis-tls-ca`)."""
+    return _BACKEND_SETTING.sub(lambda match: BACKEND_SETTING_FLAGS[match.group(1)], message)
+
+
 def invalid_setting(exc: SettingsError) -> click.UsageError:
     """The exit-2 error of a bad setting; names the variable too when the value came from one."""
     ctx = click.get_current_context()
@@ -148,7 +172,7 @@ def invalid_setting(exc: SettingsError) -> click.UsageError:
         if name in params and ctx.get_parameter_source(name) is ParameterSource.ENVIRONMENT
     ]
     source = f" (set by {', '.join(variables)})" if variables else ""
-    return click.UsageError(f"invalid setting {exc.setting}{source}: {exc.message}")
+    return click.UsageError(f"invalid setting {exc.setting}{source}: {in_flags(exc.message)}")
 
 
 # --- Redis: every command that reaches it ------------------------------------------------------

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from elector.cli.options import CONTEXT, DURATION, RedisConnection, control_options, control_url
+from elector.cli.options import CONTEXT, DURATION, RedisConnection, control_options, control_url, in_flags
 
 # help= and not a docstring: the image runs with PYTHONOPTIMIZE=2, which strips docstrings.
 HELP = """Show who holds LOCK, its fencing token and remaining TTL, and the registered candidates.
@@ -50,7 +50,7 @@ def status(*, redis: RedisConnection, lock: str, as_json: bool, timeout: float, 
         )
     except StatusError as exc:
         if exc.usage:
-            raise click.UsageError(str(exc)) from None
+            raise click.UsageError(in_flags(str(exc))) from None
         if as_json:
             click.echo(json.dumps({"lock": lock, "error": str(exc)}))
         click.echo(f"error: {exc}", err=True)

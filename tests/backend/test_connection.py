@@ -120,3 +120,23 @@ async def test_client_has_no_hidden_retries_and_short_timeouts(tmp_path: Path) -
     assert kwargs["username"] == "user" and kwargs["db"] == 2
     assert client.get_retry() is not None and client.get_retry().get_retries() == 0
     await client.aclose()
+
+
+def test_messages_name_settings_in_the_backends_terms_never_a_commands_flags(tmp_path: Path) -> None:
+    # The backend knows no CLI: `--redis-tls-ca` is the CLI's word (elector/cli/options.py maps).
+    pem = tmp_path / "file.pem"
+    pem.write_text("not a certificate\n")
+    cases = [
+        (RedisSettings(url="redis://h:6379/0", tls_ca_file=pem), "tls_ca only apply to TLS"),
+        (RedisSettings(url="rediss://h:6379/0", tls_cert_file=pem), "tls_cert and tls_key go together"),
+        (RedisSettings(url="rediss://h:6379/0", tls_ca_file=tmp_path / "none.pem"), "cannot read tls_ca"),
+        (RedisSettings(url="rediss://h:6379/0", tls_ca_file=pem), f"tls_ca {pem} holds no usable CA"),
+        (RedisSettings(url="redis://h:6379/0", replicas_ack_timeout_s=0.1), "with min_replicas_ack 1"),
+        (RedisSettings(url="redis://h:6379/0", min_replicas_ack=1, cluster=True), "min_replicas_ack is not"),
+        (RedisSettings(url="redis://h:6379/0?socket_timeout=1"), "(see request_timeout)"),
+    ]
+    for settings, fragment in cases:
+        with pytest.raises(InvalidRedisSettingsError) as info:
+            settings.validate()
+        assert fragment in str(info.value), str(info.value)
+        assert "--" not in str(info.value), str(info.value)

@@ -1,0 +1,142 @@
+"""The announcement listener and the waits it cuts short.
+
+A follower subscribes to the lock's announcements before its first try and then sleeps until the
+holder's lease would run out, a release announcement, or a re-check cap: no fixed polling period.
+A leader is woken by a handoff request or a later grant (then its renewal asks Redis, which alone
+is trusted). The subscription is kept for the whole run, re-subscribing with a back-off that keeps
+a link which breaks right after each subscribe from becoming a request loop.
+
+Part of `Election` (machine.py), which starts `_listen` as a task and sleeps with `_sleep_until`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from elector.backoff import backoff_delay_s
+from elector.election.cadence import FAILURE_BACKOFF_JITTER
+from elector.election.core import ElectionCore, describe_error, logger
+from elector.election.outcome import State
+from elector.lease import LeaseBackendError, LeaseEventKind
+
+#: A flood of announcements must not become a flood of requests.
+MIN_ATTEMPT_SPACING_S = 0.005
+#: Waits shorter than this are due now (like asyncio's own clock resolution); sleeping them can
+#: spin on clocks that round timers.
+CLOCK_RESOLUTION_S = 1e-4
+#: Re-subscribing to announcements: the first wait, the longest, and the same half-range jitter
+#: as the retries of failed requests.
+RESUBSCRIBE_FIRST_S = 0.4
+RESUBSCRIBE_MAX_S = 30.0
+
+
+class AnnouncementListener(ElectionCore):
+    """Keeps the subscription to the lock's announcements and applies them to the waits."""
+
+    async def _sleep_until(self, when: float) -> None:
+        """Sleep until `when`, a stop request, or an announcement that calls for a cycle now."""
+        while not self._stop_requested and self._resign_stand_back_s is None and not self._hold_lifted:
+            if self._handle_announcements():
+                earliest = (self._last_attempt_at or 0.0) + MIN_ATTEMPT_SPACING_S
+                when = min(when, max(earliest, self._clock()))
+            remaining = when - self._clock()
+            if remaining <= CLOCK_RESOLUTION_S:
+                return
+            self._wakeup.clear()
+            if self._events or self._resubscribed:
+                continue
+            # A timer that sets the event, rather than asyncio.timeout: a timeout cancels the
+            # task and raises through it, which costs more than the rest of a renewal's cycle
+            # in a daemon of thousands of locks.
+            timer = asyncio.get_running_loop().call_later(remaining, self._wakeup.set)
+            try:
+                await self._wakeup.wait()
+            finally:
+                timer.cancel()
+
+    def _handle_announcements(self) -> bool:
+        """Apply queued announcements; True when the next cycle should run now."""
+        run_now = False
+        if self._resubscribed:
+            # Announcements may have been missed while unsubscribed: look again.
+            self._resubscribed = False
+            run_now = self._state is State.FOLLOWER
+        while self._events:
+            event = self._events.popleft()
+            if self._state is State.LEADER and self._lease is not None:
+                if event.kind is LeaseEventKind.HANDOFF and event.holder == self._lease.holder:
+                    # Asked to hand over: the renewal reads the request from Redis (a message
+                    # alone is not trusted) and steps down if it is real.
+                    run_now = True
+                elif event.kind is LeaseEventKind.ACQUIRED and (
+                    event.holder.fencing_token > self._lease.fencing_token
+                ):
+                    # A later grant means our key is gone. Announcements can be late or forged
+                    # (anyone allowed to PUBLISH), so renew now and let Redis say: lost, or ours.
+                    run_now = True
+            elif self._state is State.FOLLOWER:
+                if event.kind is LeaseEventKind.RELEASED:
+                    if self._holder is None or event.holder.fencing_token >= self._holder.fencing_token:
+                        self._observe_holder(None, expires_at=None)
+                    run_now = True
+                elif event.kind is LeaseEventKind.HANDOFF:
+                    continue
+                elif self._holder is None or event.holder.fencing_token > self._holder.fencing_token:
+                    self._observe_holder(event.holder, expires_at=self._holder_expires_at)
+        return run_now
+
+    async def _listen(self) -> None:
+        """Keep a subscription to the lock's announcements for as long as the election runs.
+
+        Every new subscription makes a follower look at the lock once (it may have missed a
+        release), so a link that breaks right after each subscribe (an idle-timeout proxy) must
+        not turn into a request loop: the back-off keeps growing until a subscription has stayed
+        up for `_stable_subscription_s`.
+        """
+        failures = 0
+        while True:
+            try:
+                async with asyncio.timeout(2 * self._timing.request_timeout_s):
+                    subscription = await self._backend.subscribe(keepalive_s=self._keepalive_s)
+            except (LeaseBackendError, TimeoutError) as exc:
+                failures += 1
+                self._subscribe_tried.set()
+                logger.debug("cannot subscribe to announcements: %s", describe_error(exc))
+                await asyncio.sleep(self._resubscribe_delay_s(failures))
+                continue
+            if failures or self._subscribed.is_set():
+                self._resubscribed = True
+                self._wakeup.set()
+            self._subscribed.set()
+            self._subscribe_tried.set()
+            subscribed_at = self._clock()
+            try:
+                while True:
+                    event = await subscription.next_event(timeout_s=self._keepalive_s)
+                    if event is not None:
+                        self._events.append(event)
+                        self._wakeup.set()
+            except LeaseBackendError as exc:
+                logger.debug("announcement subscription broke: %s", exc)
+            except Exception:
+                # A bug or hostile data must not silently end the subscription for good.
+                logger.exception("announcement listener failed; re-subscribing")
+            finally:
+                await subscription.close()
+            stable = self._clock() - subscribed_at >= self._stable_subscription_s
+            failures = 1 if stable else failures + 1
+            await asyncio.sleep(self._resubscribe_delay_s(failures))
+
+    @property
+    def _stable_subscription_s(self) -> float:
+        """How long a subscription must have lasted for its break to count as a first failure."""
+        return max(5.0, self._timing.ttl_s)
+
+    def _resubscribe_delay_s(self, failures: int) -> float:
+        return backoff_delay_s(
+            failures,
+            base_s=RESUBSCRIBE_FIRST_S,
+            cap_s=RESUBSCRIBE_MAX_S,
+            jitter=FAILURE_BACKOFF_JITTER,
+            rng=self._rng,
+        )

@@ -1,0 +1,152 @@
+"""The state one lock's election keeps, and the small helpers every part of it shares.
+
+`Election` (machine.py) is assembled from parts that each read and write this one state: the
+cycles (machine.py), stepping down and releasing (stepping_down.py) and the announcement listener
+with the waits it cuts short (announcements.py). The state lives here, in one constructor, so
+that every field is declared once and each part names what it touches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import random
+from collections.abc import Awaitable, Callable
+
+from elector.election.hooks import ElectionHooks
+from elector.election.outcome import CycleOutcome, State, StepDownReason
+from elector.election.timing import ElectionTiming
+from elector.lease import BackendErrorKind, Holder, Lease, LeaseBackend, LeaseBackendError, LeaseEvent
+
+#: One logger for every part of the election, under the name its records always had.
+logger = logging.getLogger("elector.election.machine")
+
+
+class ElectionCore:
+    """The fields of one lock's election and the helpers that keep them consistent."""
+
+    def __init__(
+        self,
+        backend: LeaseBackend,
+        *,
+        identity: str,
+        timing: ElectionTiming,
+        hooks: ElectionHooks | None = None,
+        clock: Callable[[], float] | None = None,
+        rng: random.Random | None = None,
+        subscription_keepalive_s: float | None = None,
+        priority: int = 0,
+        preempt_after_s: float | None = None,
+        renew_jitter_share: float = 0.0,
+    ) -> None:
+        timing.validate()
+        if not 0.0 <= renew_jitter_share < 0.5:
+            raise ValueError(f"renew_jitter_share must be in [0, 0.5), got {renew_jitter_share}")
+        # Renewing up to this share of the interval early spreads locks whose renewals fell due
+        # together (many locks started at once, or re-synchronised by an outage). Early is safe.
+        self._renew_jitter_share = renew_jitter_share
+        self._backend = backend
+        self._identity = identity
+        self._timing = timing
+        self._hooks = hooks or ElectionHooks()
+        self._clock = clock or asyncio.get_running_loop().time
+        self._rng = rng or random.Random()
+        # The idle follower's request budget leaves room for one PING per ~6 ttl at most.
+        self._keepalive_s = subscription_keepalive_s or max(60.0, 6 * timing.ttl_s)
+        self._priority = priority
+        self._preempt_after_s = timing.ttl_s if preempt_after_s is None else preempt_after_s
+
+        self._state = State.FOLLOWER
+        self._lease: Lease | None = None
+        self._last_renew_sent_at = 0.0
+        self._valid_until = 0.0
+        self._pending_release: Lease | None = None
+        self._pending_release_reason: StepDownReason | None = None
+        self._pending_handoff_to: str | None = None
+        self._led_since = 0.0
+        self._rival_seen_since: float | None = None
+        self._resign_stand_back_s: float | None = None
+        self._contend_not_before = 0.0
+        #: Held by the program while its own leader work of an ended term still runs.
+        self._contend_held = False
+        self._hold_lifted = False
+
+        self._holder: Holder | None = None
+        self._holder_expires_at: float | None = None
+        self._last_backend_ok_at: float | None = None
+        self._backend_up = False
+        self._failures_in_a_row = 0
+        self._last_attempt_at: float | None = None
+        self._highest_token_seen = 0
+        self._token_regressed_from: int | None = None
+
+        self._started = False
+        #: Whether this run has called on_stopped_leading (a term ended): its end then need not.
+        self._stop_hook_called = False
+        self._cycle_due_by: float | None = None
+        self._stop_requested = False
+        self._wakeup = asyncio.Event()
+        self._events: collections.deque[LeaseEvent] = collections.deque(maxlen=64)
+        self._subscribed = asyncio.Event()
+        #: Set once the first subscription succeeded or failed: a failure need not be waited out
+        #: (a wrong URL or password then shows in the first acquire, within a request timeout).
+        self._subscribe_tried = asyncio.Event()
+        self._resubscribed = False
+
+    @property
+    def lock(self) -> str:
+        return self._backend.lock
+
+    def _note_failure(self) -> None:
+        self._failures_in_a_row += 1
+        self._backend_up = False
+
+    def _backend_ok(self, at: float) -> None:
+        self._failures_in_a_row = 0
+        self._backend_up = True
+        self._last_backend_ok_at = at
+
+    def _observe_holder(self, holder: Holder | None, *, expires_at: float | None) -> None:
+        changed = holder != self._holder
+        self._holder = holder
+        self._holder_expires_at = expires_at
+        if changed:
+            try:
+                self._hooks.on_new_leader(holder)
+            except Exception:
+                logger.exception("on_new_leader hook failed", extra={"lock": self.lock})
+
+    def _check_token(self, token: int) -> None:
+        """Remember the highest fencing token Redis showed us; note one that went backwards."""
+        if token < self._highest_token_seen:
+            self._token_regressed_from = self._highest_token_seen
+        else:
+            self._highest_token_seen = token
+
+    def _emit(self, outcome: CycleOutcome) -> None:
+        if self._token_regressed_from is not None:
+            outcome = dataclasses.replace(outcome, token_regressed_from=self._token_regressed_from)
+            self._token_regressed_from = None
+        try:
+            self._hooks.on_outcome(outcome)
+        except Exception:
+            logger.exception("on_outcome hook failed", extra={"lock": self.lock})
+
+    async def _call_hook(self, name: str, call: Awaitable[None]) -> None:
+        try:
+            await call
+        except Exception:
+            logger.exception("%s hook failed", name, extra={"lock": self.lock})
+
+
+def error_kind_of(exc: BaseException) -> str:
+    """The `error_kind` of an outcome: the backend's kind, or a timeout."""
+    return exc.kind.value if isinstance(exc, LeaseBackendError) else BackendErrorKind.TIMEOUT.value
+
+
+def describe_error(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "Redis did not answer in time"
+    return str(exc)
