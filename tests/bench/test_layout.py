@@ -16,10 +16,11 @@ from bench.harness.report import RunInfo, render_section
 
 DOCS = REPO / "docs" / "benchmarks.md"
 SECTION = re.compile(r"<!-- bench:(\w+):begin -->\n.*?<!-- bench:\1:end -->\n", re.DOTALL)
-#: Where bench modules and files are named: the docs, the Makefile, the bench and its tests.
+#: Where bench modules and files are named: the docs, the README, the Makefile, the bench and its tests.
 NAMING_FILES = sorted(
     [
         *REPO.glob("docs/*.md"),
+        REPO / "README.md",
         REPO / "Makefile",
         *REPO.glob("bench/**/*.py"),
         *REPO.glob("tests/bench/**/*.py"),
