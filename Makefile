@@ -39,7 +39,7 @@ bench: bench-setup
 
 # The peers' servers (Debian packages, as root, only when missing) and clients (the `bench` extra).
 bench-setup: $(STAMP)
-	$(BIN)/python -m bench.setup
+	$(BIN)/python -m bench.servers.setup
 
 setup: $(STAMP)
 

@@ -13,21 +13,16 @@ import sys
 import time
 import traceback
 from datetime import UTC, datetime
+from pathlib import Path
 from types import FrameType, ModuleType
 
-from bench import (
-    handoff,
-    idle_requests,
-    idle_resources,
-    library_peers,
-    many_locks,
-    peers,
-    report,
-    startup,
-    takeover,
-)
-from bench.common import REPO, BenchResult, stop_all
-from bench.context import Context, machine_facts
+from bench.harness import report
+from bench.harness.common import REPO, BenchResult, stop_all
+from bench.harness.context import Context, machine_facts
+from bench.lease import handoff, idle_requests, idle_resources, startup, takeover
+from bench.library_peers import benchmark as library_peers
+from bench.many_locks import benchmark as many_locks
+from bench.peers import benchmark as peers
 
 BENCHMARKS: list[ModuleType] = [
     takeover,
@@ -66,6 +61,11 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
+def source_of(module: ModuleType) -> str:
+    """The benchmark's file, from the repository's root, as docs/benchmarks.md names it."""
+    return Path(module.__file__ or module.__name__).resolve().relative_to(REPO).as_posix()
+
+
 def run_one(module: ModuleType, ctx: Context) -> BenchResult:
     print(f"\n>> {module.NAME}", flush=True)
     started = time.monotonic()
@@ -75,6 +75,7 @@ def run_one(module: ModuleType, ctx: Context) -> BenchResult:
         traceback.print_exc()
         result = BenchResult(module.NAME, module.NAME, (module.__doc__ or "").strip(), error=str(exc))
     result.seconds = time.monotonic() - started
+    result.source = source_of(module)
     print(report.render_console(result), flush=True)
     return result
 

@@ -13,22 +13,19 @@ Rendered as Helm would install it, with two changes that a kustomize base needs:
 - no `metadata.namespace` (and no ServiceMonitor/PodMonitor `namespaceSelector` naming the render's
   namespace, which then defaults to the monitor's own): the overlay's `namespace:` decides;
 - no Helm hooks (objects annotated `helm.sh/hook`): kubectl would apply them as ordinary objects.
-Dependencies declared with a `file://` repository and missing from charts/ are copied in first (what
-`helm dependency build` does), in a temporary copy of the chart.
+The chart is rendered from a temporary copy with its `file://` dependencies under charts/ (what
+`helm dependency build` does; scripts/chart_assembly.py, the same step the chart tests use).
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import yaml
+from chart_assembly import assembled_chart  # scripts/, beside this file
 from helm_python.chart import Chart
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,29 +42,9 @@ HEADER = (
 )
 
 
-@contextmanager
-def assembled(chart_dir: Path) -> Iterator[Path]:
-    """`chart_dir`, or a temporary copy with its `file://` dependencies copied into charts/."""
-    meta = yaml.safe_load((chart_dir / "Chart.yaml").read_text())
-    local = [
-        dep for dep in meta.get("dependencies") or [] if str(dep.get("repository", "")).startswith("file://")
-    ]
-    missing = [dep for dep in local if not (chart_dir / "charts" / dep["name"]).exists()]
-    if not missing:
-        yield chart_dir
-        return
-    with tempfile.TemporaryDirectory(prefix="render-kustomize-") as tmp:
-        copy = Path(tmp) / chart_dir.name
-        shutil.copytree(chart_dir, copy)
-        for dep in missing:
-            source = (chart_dir / dep["repository"].removeprefix("file://")).resolve()
-            shutil.copytree(source, copy / "charts" / dep["name"])
-        yield copy
-
-
 def render_objects(values: dict[str, Any], chart_dir: Path = CHART) -> list[dict[str, Any]]:
     """The chart's objects for `values` (NOTES.txt and hooks left out), as Helm would install them."""
-    with assembled(chart_dir) as path:
+    with assembled_chart(chart_dir) as path:
         chart = Chart.load(path)
         manifests = chart.render(values, name=RELEASE, namespace=RENDER_NAMESPACE)
     objects = []

@@ -1,8 +1,8 @@
 """Fixtures for the Helm chart: its directory, and rendering it with the real Helm engine (helm-python-sdk).
 
 helm/elector depends on the library chart helm/elector-sidecar (`repository: file://../elector-sidecar`).
-There is no `helm dependency build` here: `assemble` copies a chart with its file:// dependencies under
-charts/, as that command would, and `chart` is helm/elector assembled that way.
+There is no `helm dependency build` here: `assemble` (scripts/chart_assembly.py) copies a chart with its
+file:// dependencies under charts/, as that command would, and `chart` is helm/elector assembled that way.
 
 Test modules cannot import this file (tests/conftest.py shadows the name): everything is a fixture.
 """
@@ -18,10 +18,9 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from chart_assembly import assemble_chart  # scripts/chart_assembly.py
 from helm_python import _native
 from helm_python.chart import Chart
-
-from tests.support.charts import assemble_chart
 
 CHART_DIR = Path(__file__).resolve().parents[2] / "helm" / "elector"
 LIBRARY_DIR = CHART_DIR.parent / "elector-sidecar"
@@ -31,6 +30,7 @@ RELEASE = "demo"
 NAMESPACE = "apps"
 
 Render = Callable[..., list[dict[str, Any]]]
+
 
 def render_manifests(
     chart: Chart,

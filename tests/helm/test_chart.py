@@ -11,12 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
 from helm_python.chart import Chart, lint
 from helm_python.errors import HelmRenderError, HelmValuesError
+
+from tests.support.monitoring_schema import validate_monitoring
 
 Render = Callable[..., list[dict[str, Any]]]
 RenderChart = Callable[..., list[dict[str, Any]]]
@@ -26,107 +27,6 @@ NAMESPACE = "apps"  # the namespace the conftest fixtures render into
 OLDEST_KUBE = "1.27.0"
 NEWEST_KUBE = kubernetes_validate.utils.latest_version()
 CI_VALUES = sorted((Path(__file__).resolve().parents[2] / "helm/elector/ci").glob("*-values.yaml"))
-
-# kubernetes-validate only knows built-in kinds. The Prometheus operator's kinds are checked against this
-# small schema instead: the envelope plus the spec fields this chart uses, no unknown fields allowed.
-_MONITOR_ENDPOINT = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["port"],
-    "properties": {
-        "port": {"type": "string"},
-        "path": {"type": "string"},
-        "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
-        "scrapeTimeout": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
-    },
-}
-_SELECTOR = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["matchLabels"],
-    "properties": {
-        "matchLabels": {"type": "object", "minProperties": 1, "additionalProperties": {"type": "string"}}
-    },
-}
-_NAMESPACE_SELECTOR = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {"matchNames": {"type": "array", "items": {"type": "string"}}},
-}
-_RULE = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["alert", "expr"],
-    "properties": {
-        "alert": {"type": "string"},
-        "expr": {"type": "string"},
-        "for": {"type": "string"},
-        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-        "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
-    },
-}
-MONITORING_SPECS: dict[str, dict[str, Any]] = {
-    "ServiceMonitor": {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["selector", "endpoints"],
-        "properties": {
-            "selector": _SELECTOR,
-            "namespaceSelector": _NAMESPACE_SELECTOR,
-            "endpoints": {"type": "array", "minItems": 1, "items": _MONITOR_ENDPOINT},
-        },
-    },
-    "PodMonitor": {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["selector", "podMetricsEndpoints"],
-        "properties": {
-            "selector": _SELECTOR,
-            "namespaceSelector": _NAMESPACE_SELECTOR,
-            "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": _MONITOR_ENDPOINT},
-        },
-    },
-    "PrometheusRule": {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["groups"],
-        "properties": {
-            "groups": {
-                "type": "array",
-                "minItems": 1,
-                "items": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "required": ["name", "rules"],
-                    "properties": {
-                        "name": {"type": "string"},
-                        "interval": {"type": "string"},
-                        "rules": {"type": "array", "minItems": 1, "items": _RULE},
-                    },
-                },
-            }
-        },
-    },
-}
-
-
-def validate_monitoring(doc: dict[str, Any]) -> None:
-    schema = {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["apiVersion", "kind", "metadata", "spec"],
-        "properties": {
-            "apiVersion": {"const": "monitoring.coreos.com/v1"},
-            "kind": {"enum": sorted(MONITORING_SPECS)},
-            "metadata": {
-                "type": "object",
-                "required": ["name", "namespace", "labels"],
-                "properties": {"name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"}},
-            },
-            "spec": MONITORING_SPECS[doc["kind"]],
-        },
-    }
-    jsonschema.validate(doc, schema)
 
 
 def find(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:

@@ -3,9 +3,10 @@
 Every code block preceded by `<!-- example-file: PATH -->` is a file of the example: the team's chart
 `billing` (Chart.yaml, values.yaml, templates), the monitoring values, and the app-side loops in
 Python and shell. The chart is built in tmp_path with the library in charts/ (what `helm dependency
-build` does), rendered with the conftest's renderer, and every object is validated; the monitoring
-values must make the elector chart's PodMonitor select the billing pods' sidecar port; both loops run
-against a real leader and a real follower.
+build` does: scripts/chart_assembly.py, through the page's own `file://` path), rendered with the
+conftest's renderer, and every object is validated; the monitoring values must make the elector
+chart's PodMonitor select the billing pods' sidecar port; both loops run against a real leader and a
+real follower.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import kubernetes_validate
 import pytest
 import redis
 import yaml
+from chart_assembly import assemble_chart  # scripts/chart_assembly.py
 from helm_python.chart import Chart
 
 from elector.testing.redis_server import RedisServerProcess, free_tcp_port
@@ -65,22 +67,18 @@ def test_the_page_holds_the_whole_example() -> None:
     assert "helm dependency build ../elector/helm/elector" in text
 
 
-def with_library(chart: Path, destination: Path) -> Path:
-    """A copy of `chart` with the library in its charts/, as `helm dependency build` leaves it."""
-    copy = destination / chart.name
-    shutil.copytree(chart, copy, ignore=shutil.ignore_patterns("charts"))
-    shutil.copytree(LIBRARY, copy / "charts" / "elector-sidecar")
-    return copy
-
-
 @pytest.fixture(scope="module")
 def billing_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The page's chart assembled as `helm dependency build ./billing` would: beside a checkout of
+    elector (`../elector`), so the page's own `file://` path must lead to the library."""
     root = tmp_path_factory.mktemp("docs-example")
     for path, text in FILES.items():
         if path.startswith("billing/"):
             (root / path).parent.mkdir(parents=True, exist_ok=True)
             (root / path).write_text(text)
-    return with_library(root / "billing", tmp_path_factory.mktemp("built"))
+    (root / "elector" / "helm").mkdir(parents=True)
+    (root / "elector" / "helm" / LIBRARY.name).symlink_to(LIBRARY, target_is_directory=True)
+    return assemble_chart(root / "billing", tmp_path_factory.mktemp("built"))
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +143,7 @@ def monitoring(tmp_path_factory: pytest.TempPathFactory, render_chart: RenderCha
     values = yaml.safe_load(FILES["monitoring-values.yaml"])
     for key in ("podMonitor", "prometheusRule"):  # no Prometheus operator behind the renderer
         values[key]["force"] = True
-    chart_dir = with_library(ELECTOR_CHART, tmp_path_factory.mktemp("elector"))
+    chart_dir = assemble_chart(ELECTOR_CHART, tmp_path_factory.mktemp("elector"))
     with Chart.load(chart_dir) as chart:
         return render_chart(chart, values, name="billing-monitoring")
 

@@ -9,7 +9,6 @@ into valid objects in its namespace.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -17,14 +16,17 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
 import pytest
+import render_kustomize  # scripts/ (on the tests' pythonpath)
 import yaml
+from chart_assembly import assembled_chart
 from helm_python.chart import Chart
+
+from tests.support.monitoring_schema import validate_monitoring
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "kustomize"
@@ -32,27 +34,6 @@ FILES = ROOT / "helm" / "elector" / "files"
 OLDEST_KUBE = "1.27.0"
 NEWEST_KUBE = kubernetes_validate.utils.latest_version()
 KUSTOMIZE_APIS = {"kustomize.config.k8s.io/v1beta1", "kustomize.config.k8s.io/v1alpha1"}
-#: The Prometheus operator's kinds: the envelope and the spec keys the chart renders.
-MONITORING_SPEC_KEYS = {
-    "ServiceMonitor": {"selector", "namespaceSelector", "endpoints"},
-    "PodMonitor": {"selector", "namespaceSelector", "podMetricsEndpoints"},
-    "PrometheusRule": {"groups"},
-}
-_DNS_LABEL = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-
-
-def _load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "render_kustomize", ROOT / "scripts" / "render_kustomize.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("render_kustomize", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-render_kustomize = _load_script()
 
 
 @pytest.fixture(scope="module")
@@ -69,27 +50,11 @@ def documents(directory: Path) -> list[dict[str, Any]]:
     return docs
 
 
-def validate(doc: dict[str, Any], kube_version: str) -> None:
+def validate(doc: dict[str, Any], kube_version: str, *, namespaced: bool) -> None:
+    """The chart tests' checks: the Prometheus operator's kinds against their schema, every other kind
+    against Kubernetes' own. A base has no namespace (`namespaced=False`); the overlay sets it."""
     if doc["apiVersion"] == "monitoring.coreos.com/v1":
-        schema = {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["apiVersion", "kind", "metadata", "spec"],
-            "properties": {
-                "apiVersion": {"const": "monitoring.coreos.com/v1"},
-                "kind": {"enum": sorted(MONITORING_SPEC_KEYS)},
-                "metadata": {
-                    "type": "object",
-                    "required": ["name", "labels"],
-                    "properties": {"name": {"type": "string", "pattern": _DNS_LABEL}},
-                },
-                "spec": {
-                    "type": "object",
-                    "propertyNames": {"enum": sorted(MONITORING_SPEC_KEYS[doc["kind"]])},
-                },
-            },
-        }
-        jsonschema.validate(doc, schema)
+        validate_monitoring(doc, namespaced=namespaced)
     else:
         kubernetes_validate.validate(doc, kube_version, strict=True)
 
@@ -109,11 +74,29 @@ def test_every_document_validates(directory: str, kube_version: str) -> None:
     docs = documents(DEPLOY / directory)
     assert docs
     for doc in docs:
-        validate(doc, kube_version)
+        validate(doc, kube_version, namespaced=False)
         assert "namespace" not in doc["metadata"], (
             f"{doc['kind']} {doc['metadata']['name']}: the overlay decides"
         )
         assert "helm.sh/hook" not in (doc["metadata"].get("annotations") or {})
+
+
+@pytest.mark.parametrize(
+    ("kind", "spoil"),
+    [
+        ("ServiceMonitor", lambda spec: spec["endpoints"][0].update(scrapeTimout="5s")),
+        ("ServiceMonitor", lambda spec: spec["selector"].update(matchExpressions=[])),
+        ("PrometheusRule", lambda spec: spec["groups"][0]["rules"][0].pop("expr")),
+    ],
+)
+def test_the_monitoring_check_looks_inside_the_spec(kind: str, spoil: Callable[[Any], object]) -> None:
+    """The chart tests' schema, not a check of the spec's top-level keys only: a misspelt endpoint field,
+    an unknown selector field, a rule without its expression all fail."""
+    (doc,) = [d for d in documents(DEPLOY / "components" / "monitoring") if d["kind"] == kind]
+    validate(doc, NEWEST_KUBE, namespaced=False)
+    spoil(doc["spec"])
+    with pytest.raises(jsonschema.ValidationError):
+        validate(doc, NEWEST_KUBE, namespaced=False)
 
 
 @pytest.mark.parametrize(
@@ -149,7 +132,7 @@ def test_the_script_renders_what_the_chart_fixture_renders(
 ) -> None:
     """The conftest's renderer (release "elector", namespace "apps"), namespace removed, gives base/."""
     values = yaml.safe_load((DEPLOY / "values.yaml").read_text())
-    with render_kustomize.assembled(render_kustomize.CHART) as chart_dir:
+    with assembled_chart(render_kustomize.CHART) as chart_dir:
         docs = render_chart(Chart.load(chart_dir), values, name="elector")
     expected = []
     for doc in docs:
@@ -187,7 +170,7 @@ def test_the_example_overlay_builds_valid_objects_in_its_namespace(
         (d["kind"], d["metadata"]["name"]) for d in base
     )
     for doc in overlay:
-        validate(doc, kube_version)
+        validate(doc, kube_version, namespaced=True)
         assert doc["metadata"]["namespace"] == "jobs", doc["metadata"]["name"]
 
 

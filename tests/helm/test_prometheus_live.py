@@ -192,16 +192,12 @@ class AlertLog:
 
 def _rendered_rules() -> dict[str, Any]:
     """The rule groups exactly as the chart renders them into its PrometheusRule."""
-    import tempfile
-
+    from chart_assembly import assembled_chart  # scripts/chart_assembly.py
     from helm_python.chart import Chart
-
-    from tests.support.charts import assemble_chart
 
     # no workload, but the chart still needs its library (NOTES print the lock, which the library names)
     values = {"prometheusRule": {"enabled": True, "force": True}, "workload": {"enabled": False}}
-    with tempfile.TemporaryDirectory() as tmp:
-        built = assemble_chart(CHART_DIR, Path(tmp))
+    with assembled_chart(CHART_DIR) as built:
         manifests = Chart.load(built).render(values, name="elector", namespace=NAMESPACE)
     for path, text in manifests.items():
         if not path.endswith(".yaml"):

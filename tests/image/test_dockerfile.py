@@ -378,13 +378,11 @@ def _chart_sidecars() -> tuple[dict[str, Any], list[dict[str, Any]]]:
             f"{CHART_DIR.relative_to(REPO)}/values.yaml is missing: the image's port, user and entrypoint "
             "cannot be checked against the chart's sidecar container (the chart is part of issue 6)"
         )
+    from chart_assembly import assembled_chart  # scripts/chart_assembly.py
     from helm_python.chart import Chart
 
-    from tests.support.charts import assemble_chart
-
     chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
-    with tempfile.TemporaryDirectory() as tmp:  # the chart with its library dependency under charts/
-        built = assemble_chart(CHART_DIR, Path(tmp))
+    with assembled_chart(CHART_DIR) as built:  # the chart with its library dependency under charts/
         rendered = Chart.load(built).render({}, name="image-test", namespace="default")
     containers = []
     for path, manifest in rendered.items():
