@@ -21,7 +21,7 @@ so the cancellation never reaches the shared connection.
 
 Latency: every caller of a batch gets its reply once the whole batch has been read, so when a
 thousand renewals fall due at one instant the last ones wait for all of them (tens of ms on a
-small machine, see bench/many_locks.py); spread renewals keep batches small and replies prompt.
+small machine, see bench/many_locks/benchmark.py); spread renewals keep batches small and replies prompt.
 A linger (`linger_s`) trades latency for fewer round trips when calls are spread: off by default.
 
 Flush spacing (`min_flush_interval_s`, on by default): a batch goes out at most once per this

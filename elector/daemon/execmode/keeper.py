@@ -51,7 +51,7 @@ keeper closes that gap without depending on the daemon:
   SIGTERM or a malformed order end it quietly (exit 0, or 2 for a malformed order).
 
 Standard library only, and no `elector` imports: it is started with `python -I -S` and costs a
-bare interpreter's memory (see bench/keeper_cost.py). The daemon side is `KeeperLink`
+bare interpreter's memory (see bench/execmode/keeper_cost.py). The daemon side is `KeeperLink`
 (keeper_link.py).
 
 PR_SET_PDEATHSIG fires when the *thread* that forked the keeper exits: the daemon spawns it from
