@@ -9,11 +9,12 @@ the ttl's bound from `elector.lease`, timings from the election, Redis URLs from
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import re
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
 
@@ -23,6 +24,7 @@ from elector.lease import InvalidValueError, check_ttl
 
 T = TypeVar("T")
 V = TypeVar("V")
+P = ParamSpec("P")
 
 #: Default time to stop leader work, as a share of the ttl (1 s for the default 10 s ttl).
 DEFAULT_STOP_WORK_SHARE = 0.1
@@ -170,3 +172,19 @@ def checked_timeout(timeout: float | None) -> float | None:
     if timeout is not None and (not is_number(timeout) or timeout < 0):
         raise ElectorConfigError("timeout", f"must be a non-negative number of seconds, got {timeout!r}")
     return timeout
+
+
+def factory_of(cls: Callable[P, T], *, name: str, doc: str) -> Callable[P, T]:
+    """A function `name` that builds a `cls` from `cls`'s own parameters: one signature to keep.
+
+    help() and `inspect.signature` show `cls`'s parameters, returning a `cls`; mypy checks calls
+    against them (the ParamSpec)."""
+
+    def build(*args: P.args, **kwargs: P.kwargs) -> T:
+        return cls(*args, **kwargs)
+
+    build.__module__ = cls.__module__
+    build.__name__ = build.__qualname__ = name
+    build.__doc__ = doc
+    vars(build)["__signature__"] = inspect.signature(cls).replace(return_annotation=cls.__name__)
+    return build

@@ -24,7 +24,14 @@ from types import TracebackType
 
 import redis.asyncio as aioredis
 
-from elector.api_params import build_timing, checked, redis_source, redlock_urls, with_topology
+from elector.api_params import (
+    build_timing,
+    checked,
+    factory_of,
+    redis_source,
+    redlock_urls,
+    with_topology,
+)
 from elector.backend import RedisLeaseBackend
 from elector.backend.topologies.factory import LeaseConnections
 from elector.backoff import backoff_delay_s
@@ -212,23 +219,6 @@ class LeaderWatch:
         )
 
 
-def watch(
-    lock: str,
-    *,
-    redis: aioredis.Redis | str | None = None,
-    cluster: bool = False,
-    redlock: Sequence[str] | None = None,
-    ttl_s: float = 10.0,
-    request_timeout_s: float | None = None,
-    key_prefix: str = "elector",
-) -> LeaderWatch:
-    """Watch who leads `lock` without contending (see `LeaderWatch`)."""
-    return LeaderWatch(
-        lock,
-        redis=redis,
-        cluster=cluster,
-        redlock=redlock,
-        ttl_s=ttl_s,
-        request_timeout_s=request_timeout_s,
-        key_prefix=key_prefix,
-    )
+watch = factory_of(
+    LeaderWatch, name="watch", doc="Watch who leads `lock` without contending (see `LeaderWatch`)."
+)
