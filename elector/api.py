@@ -70,9 +70,7 @@ from elector.api_params import (
     checked,
     checked_stand_back,
     checked_timeout,
-    redis_source,
-    redlock_urls,
-    with_topology,
+    lease_source,
 )
 from elector.api_term import Leadership, LeadershipScope, TermBody
 from elector.backend import RedisLeaseBackend
@@ -179,12 +177,9 @@ class Elector:
             stop_work_s=stop_work_s,
         )
         self._priority, self._key_prefix = checked("priority", check_priority, priority), key_prefix
-        urls = () if redlock is None else redlock_urls(redlock, redis=redis)
-        # Redlock's first server stands in for `redis` where one URL and the key prefix are checked.
-        settings, self._client = redis_source(
-            urls[0] if urls else redis, timing=self.timing, key_prefix=self._key_prefix
+        self._settings, self._client = lease_source(
+            redis, cluster=cluster, redlock=redlock, timing=self.timing, key_prefix=self._key_prefix
         )
-        self._settings = with_topology(settings, cluster=cluster, redlock=urls)
         #: Our own connections (built from a URL at start()): the daemon's, whatever the topology.
         self._connections: LeaseConnections | None = None
         self._on_started_leading = on_started_leading

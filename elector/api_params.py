@@ -109,7 +109,7 @@ def redis_source(
             f"the redis client retries failed requests ({retries} retries): a lease needs each "
             "request to fail fast; pass retry=Retry(NoBackoff(), 0) or a URL",
             RuntimeWarning,
-            stacklevel=4,
+            stacklevel=5,  # the program's line: through lease_source and the constructor
         )
     return None, redis
 
@@ -134,6 +134,17 @@ def redlock_urls(redlock: object, *, redis: object) -> tuple[str, ...]:
     # `url` is not used once `redlock_urls` is set: every server is checked as a redlock_url.
     _validated(RedisSettings(redlock_urls=urls))
     return urls
+
+
+def lease_source(
+    redis: object, *, cluster: object, redlock: object, timing: ElectionTiming, key_prefix: str
+) -> tuple[RedisSettings | None, aioredis.Redis | None]:
+    """Where the lease lives, from the `redis`, `cluster` and `redlock` parameters, checked:
+    settings to build our own connections from, or the program's client."""
+    urls = () if redlock is None else redlock_urls(redlock, redis=redis)
+    # Redlock's first server stands in for `redis` where one URL and the key prefix are checked.
+    settings, client = redis_source(urls[0] if urls else redis, timing=timing, key_prefix=key_prefix)
+    return with_topology(settings, cluster=cluster, redlock=urls), client
 
 
 def with_topology(

@@ -24,14 +24,7 @@ from types import TracebackType
 
 import redis.asyncio as aioredis
 
-from elector.api_params import (
-    build_timing,
-    checked,
-    factory_of,
-    redis_source,
-    redlock_urls,
-    with_topology,
-)
+from elector.api_params import build_timing, checked, factory_of, lease_source
 from elector.backend import RedisLeaseBackend
 from elector.backend.topologies.factory import LeaseConnections
 from elector.backoff import backoff_delay_s
@@ -87,11 +80,9 @@ class LeaderWatch:
             request_timeout_s=request_timeout_s,
             stop_work_s=None,
         )
-        urls = () if redlock is None else redlock_urls(redlock, redis=redis)
-        settings, self._client = redis_source(
-            urls[0] if urls else redis, timing=self.timing, key_prefix=key_prefix
+        self._settings, self._client = lease_source(
+            redis, cluster=cluster, redlock=redlock, timing=self.timing, key_prefix=key_prefix
         )
-        self._settings = with_topology(settings, cluster=cluster, redlock=urls)
         self._key_prefix = key_prefix
         self._connections: LeaseConnections | None = None
         self._backend: LeaseBackend | None = None
