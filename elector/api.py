@@ -61,6 +61,7 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
 from elector.api_callbacks import CallbackRunner
+from elector.api_connections import open_connections
 from elector.api_errors import LeadershipLost, LeadershipTimeout, LeaderWorkNotStopped, not_running_message
 from elector.api_late_work import LateWork
 from elector.api_logs import ElectionLog, waiting_for_own_work_gauge
@@ -94,7 +95,6 @@ from elector.lease import (
     Holder,
     Lease,
     LeaseBackend,
-    LeaseBackendError,
     check_identity,
     check_lock_name,
     check_priority,
@@ -265,19 +265,13 @@ class Elector:
         if self._settings is None:
             assert self._client is not None
             return RedisLeaseBackend(self._client, lock=self.lock, key_prefix=self._key_prefix)
-        self._connections = connections = LeaseConnections(
+        self._connections = connections = await open_connections(
             self._settings,
             client_name=f"elector:{self.lock}:{self.identity}",
-            keepalive_s=max(60.0, 6 * self.timing.ttl_s),  # the election's own default
-            request_timeout_s=self.timing.request_timeout_s,
+            timing=self.timing,
+            who=f"lock {self.lock!r}",
+            then="the election retries",
         )
-        try:
-            await connections.start()  # a cluster's slot map, before the first request
-        except LeaseBackendError as exc:
-            logger.warning("lock %r: %s (the election retries)", self.lock, exc)
-        except BaseException:
-            await connections.aclose(within_s=self.timing.request_timeout_s)  # cancelled: leave nothing open
-            raise
         # One server or a Sentinel set has a single client (a Sentinel master is watched).
         self._client = connections.client if connections.topology == "standalone" else None
         return connections.backend_for(self.lock)

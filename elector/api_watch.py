@@ -24,6 +24,7 @@ from types import TracebackType
 
 import redis.asyncio as aioredis
 
+from elector.api_connections import open_connections
 from elector.api_params import build_timing, checked, factory_of, lease_source
 from elector.backend import RedisLeaseBackend
 from elector.backend.topologies.factory import LeaseConnections
@@ -96,19 +97,13 @@ class LeaderWatch:
             assert self._client is not None
             self._backend = RedisLeaseBackend(self._client, lock=self.lock, key_prefix=self._key_prefix)
             return self
-        self._connections = connections = LeaseConnections(
+        self._connections = connections = await open_connections(
             self._settings,
             client_name=f"elector:{self.lock}:watch",
-            keepalive_s=max(60.0, 6 * self.timing.ttl_s),
-            request_timeout_s=self.timing.request_timeout_s,
+            timing=self.timing,
+            who=f"watch of lock {self.lock!r}",
+            then="retrying",
         )
-        try:
-            await connections.start()
-        except LeaseBackendError as exc:
-            logger.warning("watch of lock %r: %s (retrying)", self.lock, exc)
-        except BaseException:
-            await connections.aclose(within_s=self.timing.request_timeout_s)
-            raise
         self._backend = connections.backend_for(self.lock)
         return self
 
