@@ -61,6 +61,7 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
 from elector.api_callbacks import CallbackRunner
+from elector.api_connections import open_connections
 from elector.api_errors import LeadershipLost, LeadershipTimeout, LeaderWorkNotStopped, not_running_message
 from elector.api_late_work import LateWork
 from elector.api_logs import ElectionLog, waiting_for_own_work_gauge
@@ -70,9 +71,7 @@ from elector.api_params import (
     checked,
     checked_stand_back,
     checked_timeout,
-    redis_source,
-    redlock_urls,
-    with_topology,
+    lease_source,
 )
 from elector.api_term import Leadership, LeadershipScope, TermBody
 from elector.backend import RedisLeaseBackend
@@ -96,7 +95,6 @@ from elector.lease import (
     Holder,
     Lease,
     LeaseBackend,
-    LeaseBackendError,
     check_identity,
     check_lock_name,
     check_priority,
@@ -179,12 +177,9 @@ class Elector:
             stop_work_s=stop_work_s,
         )
         self._priority, self._key_prefix = checked("priority", check_priority, priority), key_prefix
-        urls = () if redlock is None else redlock_urls(redlock, redis=redis)
-        # Redlock's first server stands in for `redis` where one URL and the key prefix are checked.
-        settings, self._client = redis_source(
-            urls[0] if urls else redis, timing=self.timing, key_prefix=self._key_prefix
+        self._settings, self._client = lease_source(
+            redis, cluster=cluster, redlock=redlock, timing=self.timing, key_prefix=self._key_prefix
         )
-        self._settings = with_topology(settings, cluster=cluster, redlock=urls)
         #: Our own connections (built from a URL at start()): the daemon's, whatever the topology.
         self._connections: LeaseConnections | None = None
         self._on_started_leading = on_started_leading
@@ -270,19 +265,13 @@ class Elector:
         if self._settings is None:
             assert self._client is not None
             return RedisLeaseBackend(self._client, lock=self.lock, key_prefix=self._key_prefix)
-        self._connections = connections = LeaseConnections(
+        self._connections = connections = await open_connections(
             self._settings,
             client_name=f"elector:{self.lock}:{self.identity}",
-            keepalive_s=max(60.0, 6 * self.timing.ttl_s),  # the election's own default
-            request_timeout_s=self.timing.request_timeout_s,
+            timing=self.timing,
+            who=f"lock {self.lock!r}",
+            then="the election retries",
         )
-        try:
-            await connections.start()  # a cluster's slot map, before the first request
-        except LeaseBackendError as exc:
-            logger.warning("lock %r: %s (the election retries)", self.lock, exc)
-        except BaseException:
-            await connections.aclose(within_s=self.timing.request_timeout_s)  # cancelled: leave nothing open
-            raise
         # One server or a Sentinel set has a single client (a Sentinel master is watched).
         self._client = connections.client if connections.topology == "standalone" else None
         return connections.backend_for(self.lock)

@@ -9,11 +9,12 @@ the ttl's bound from `elector.lease`, timings from the election, Redis URLs from
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import re
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
 
@@ -23,6 +24,7 @@ from elector.lease import InvalidValueError, check_ttl
 
 T = TypeVar("T")
 V = TypeVar("V")
+P = ParamSpec("P")
 
 #: Default time to stop leader work, as a share of the ttl (1 s for the default 10 s ttl).
 DEFAULT_STOP_WORK_SHARE = 0.1
@@ -107,7 +109,7 @@ def redis_source(
             f"the redis client retries failed requests ({retries} retries): a lease needs each "
             "request to fail fast; pass retry=Retry(NoBackoff(), 0) or a URL",
             RuntimeWarning,
-            stacklevel=4,
+            stacklevel=5,  # the program's line: through lease_source and the constructor
         )
     return None, redis
 
@@ -132,6 +134,17 @@ def redlock_urls(redlock: object, *, redis: object) -> tuple[str, ...]:
     # `url` is not used once `redlock_urls` is set: every server is checked as a redlock_url.
     _validated(RedisSettings(redlock_urls=urls))
     return urls
+
+
+def lease_source(
+    redis: object, *, cluster: object, redlock: object, timing: ElectionTiming, key_prefix: str
+) -> tuple[RedisSettings | None, aioredis.Redis | None]:
+    """Where the lease lives, from the `redis`, `cluster` and `redlock` parameters, checked:
+    settings to build our own connections from, or the program's client."""
+    urls = () if redlock is None else redlock_urls(redlock, redis=redis)
+    # Redlock's first server stands in for `redis` where one URL and the key prefix are checked.
+    settings, client = redis_source(urls[0] if urls else redis, timing=timing, key_prefix=key_prefix)
+    return with_topology(settings, cluster=cluster, redlock=urls), client
 
 
 def with_topology(
@@ -170,3 +183,19 @@ def checked_timeout(timeout: float | None) -> float | None:
     if timeout is not None and (not is_number(timeout) or timeout < 0):
         raise ElectorConfigError("timeout", f"must be a non-negative number of seconds, got {timeout!r}")
     return timeout
+
+
+def factory_of(cls: Callable[P, T], *, name: str, doc: str) -> Callable[P, T]:
+    """A function `name` that builds a `cls` from `cls`'s own parameters: one signature to keep.
+
+    help() and `inspect.signature` show `cls`'s parameters, returning a `cls`; mypy checks calls
+    against them (the ParamSpec)."""
+
+    def build(*args: P.args, **kwargs: P.kwargs) -> T:
+        return cls(*args, **kwargs)
+
+    build.__module__ = cls.__module__
+    build.__name__ = build.__qualname__ = name
+    build.__doc__ = doc
+    vars(build)["__signature__"] = inspect.signature(cls).replace(return_annotation=cls.__name__)
+    return build

@@ -24,7 +24,8 @@ from types import TracebackType
 
 import redis.asyncio as aioredis
 
-from elector.api_params import build_timing, checked, redis_source, redlock_urls, with_topology
+from elector.api_connections import open_connections
+from elector.api_params import build_timing, checked, factory_of, lease_source
 from elector.backend import RedisLeaseBackend
 from elector.backend.topologies.factory import LeaseConnections
 from elector.backoff import backoff_delay_s
@@ -80,11 +81,9 @@ class LeaderWatch:
             request_timeout_s=request_timeout_s,
             stop_work_s=None,
         )
-        urls = () if redlock is None else redlock_urls(redlock, redis=redis)
-        settings, self._client = redis_source(
-            urls[0] if urls else redis, timing=self.timing, key_prefix=key_prefix
+        self._settings, self._client = lease_source(
+            redis, cluster=cluster, redlock=redlock, timing=self.timing, key_prefix=key_prefix
         )
-        self._settings = with_topology(settings, cluster=cluster, redlock=urls)
         self._key_prefix = key_prefix
         self._connections: LeaseConnections | None = None
         self._backend: LeaseBackend | None = None
@@ -98,19 +97,13 @@ class LeaderWatch:
             assert self._client is not None
             self._backend = RedisLeaseBackend(self._client, lock=self.lock, key_prefix=self._key_prefix)
             return self
-        self._connections = connections = LeaseConnections(
+        self._connections = connections = await open_connections(
             self._settings,
             client_name=f"elector:{self.lock}:watch",
-            keepalive_s=max(60.0, 6 * self.timing.ttl_s),
-            request_timeout_s=self.timing.request_timeout_s,
+            timing=self.timing,
+            who=f"watch of lock {self.lock!r}",
+            then="retrying",
         )
-        try:
-            await connections.start()
-        except LeaseBackendError as exc:
-            logger.warning("watch of lock %r: %s (retrying)", self.lock, exc)
-        except BaseException:
-            await connections.aclose(within_s=self.timing.request_timeout_s)
-            raise
         self._backend = connections.backend_for(self.lock)
         return self
 
@@ -212,23 +205,6 @@ class LeaderWatch:
         )
 
 
-def watch(
-    lock: str,
-    *,
-    redis: aioredis.Redis | str | None = None,
-    cluster: bool = False,
-    redlock: Sequence[str] | None = None,
-    ttl_s: float = 10.0,
-    request_timeout_s: float | None = None,
-    key_prefix: str = "elector",
-) -> LeaderWatch:
-    """Watch who leads `lock` without contending (see `LeaderWatch`)."""
-    return LeaderWatch(
-        lock,
-        redis=redis,
-        cluster=cluster,
-        redlock=redlock,
-        ttl_s=ttl_s,
-        request_timeout_s=request_timeout_s,
-        key_prefix=key_prefix,
-    )
+watch = factory_of(
+    LeaderWatch, name="watch", doc="Watch who leads `lock` without contending (see `LeaderWatch`)."
+)

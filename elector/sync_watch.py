@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
-from elector.api_params import ElectorConfigError
+from elector.api_params import ElectorConfigError, factory_of
 from elector.api_watch import Leader, LeaderWatch
 
 logger = logging.getLogger("elector.api")
@@ -93,25 +93,8 @@ class LeaderWatcher:
         self.close()
 
 
-def watch(
-    lock: str,
-    *,
-    on_change: Callable[[Leader], object],
-    redis: str | None = None,
-    cluster: bool = False,
-    redlock: Sequence[str] | None = None,
-    ttl_s: float = 10.0,
-    request_timeout_s: float | None = None,
-    key_prefix: str = "elector",
-) -> LeaderWatcher:
-    """Call `on_change(leader)` on a background thread at each change of `lock`'s leader."""
-    return LeaderWatcher(
-        lock,
-        on_change=on_change,
-        redis=redis,
-        cluster=cluster,
-        redlock=redlock,
-        ttl_s=ttl_s,
-        request_timeout_s=request_timeout_s,
-        key_prefix=key_prefix,
-    )
+watch = factory_of(
+    LeaderWatcher,
+    name="watch",
+    doc="Call `on_change(leader)` on a background thread at each change of `lock`'s leader.",
+)
