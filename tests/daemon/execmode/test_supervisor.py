@@ -398,7 +398,7 @@ def test_a_bad_grace_or_empty_command_is_refused(grace_s: float) -> None:
 # -- Subreaper and reaper: in a fresh process each, as becoming a subreaper is permanent. -------
 
 SCENARIOS = """
-import asyncio, json, os, subprocess, sys, time
+import asyncio, contextlib, json, os, subprocess, sys, time
 from pathlib import Path
 from elector.daemon.execmode.supervisor import (
     AwaitedChildren, ChildSupervisor, OrphanReaper, become_subreaper,
@@ -450,8 +450,16 @@ async def escaped_daemon():
     started = time.monotonic()
     result = await supervisor.stop()
     elapsed_s = time.monotonic() - started
+    daemon_stat = stat(daemon)
+    # A survivor stop() reported (SIGKILLed, still runnable after the slack on a loaded machine)
+    # must die of it soon: we are its subreaper, so reap it here once it is a zombie.
+    def gone():
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(daemon, os.WNOHANG)
+        return stat(daemon) is None
     return dict(subreaper=subreaper, reparented=reparented, left_session=left_session, elapsed_s=elapsed_s,
-                daemon_stat=stat(daemon), signal=result.signal, survivors=result.survivors, exits=len(exits))
+                daemon=daemon, daemon_stat=daemon_stat, gone_after=await until(gone), signal=result.signal,
+                survivors=list(result.survivors), exits=len(exits))
 
 
 async def leftover_orphan():
@@ -537,9 +545,17 @@ def test_a_daemon_that_escaped_the_session_is_killed_and_reaped(tmp_path: Path) 
     found = run_scenario("escaped_daemon", tmp_path)
 
     assert found["subreaper"] and found["reparented"] and found["left_session"]
-    assert found["daemon_stat"] is None, "killed, and reaped: no zombie left"
+    # Killed, and reaped: no zombie left. Or, on a loaded machine, still runnable after SIGKILL
+    # when stop()'s reap slack (0.1 s) ran out: then stop() must report it as a survivor (which
+    # withholds the release: the lease lapses instead), and it must die of the SIGKILL soon after.
+    # Both outcomes are safe; a kill that did not happen, or a survivor not reported, fails.
+    if found["daemon_stat"] is None:
+        assert found["survivors"] == []
+    else:
+        assert found["survivors"] == [found["daemon"]], found
+        assert found["gone_after"], "a reported survivor that the SIGKILL did not end"
     assert GRACE_S - 0.02 <= found["elapsed_s"] <= stop_budget_s(GRACE_S) + NOISE_S, "it ignored TERM"
-    assert found["signal"] == signal.SIGTERM and found["survivors"] == []
+    assert found["signal"] == signal.SIGTERM
     assert found["exits"] == 0
 
 
