@@ -269,8 +269,11 @@ def test_on_child_exit_exit_releases_and_exits_with_the_commands_code(daemon, se
 
 def test_a_command_that_cannot_start_is_reported_and_backs_off(daemon, seeded, work) -> None:
     a = daemon("a", command=("/nonexistent/worker", "--flag"))
+    # Each failure is logged before its resignation: wait for the second resignation itself (a
+    # loaded CI run read the lines between the two and saw one back-off). A bound on a hang.
     wait_until(
-        lambda: len([x for x in a.log_lines() if x["event"] == "command_failed_to_start"]) >= 2, timeout_s=4
+        lambda: len([x for x in a.log_lines() if x["event"] == "resigning_after_command_exit"]) >= 2,
+        timeout_s=30,
     )
     failures = [line for line in a.log_lines() if line["event"] == "command_failed_to_start"]
     assert "/nonexistent/worker" in failures[0]["error"]

@@ -345,7 +345,15 @@ async def test_kill_now_skips_the_grace(tmp_path: Path, exits: list[ChildExit]) 
 
     result, elapsed_s = await timed_stop_now(supervisor)
 
-    assert result is not None and result.signal == signal.SIGKILL and not running(pid)
+    assert result is not None
+    if result.survivors:
+        # LOOSENED for a loaded machine (a fresh-clone CI run saw it): SIGKILLed, the child can
+        # still be runnable when stop()'s 0.1 s reap slack runs out. stop() then reports it as a
+        # survivor (which withholds the release: safe), and it must die of the SIGKILL soon after.
+        assert result.survivors == (pid,), result
+        await until(lambda: not running(pid), timeout_s=10)
+    else:
+        assert result.signal == signal.SIGKILL and not running(pid), result
     assert not (tmp_path / "terms").exists(), "no SIGTERM first"
     assert elapsed_s < 10.0, "not the 30 s grace"
 
