@@ -30,6 +30,7 @@ from tests.support.daemon import DaemonProcess, wait_until
 from tests.support.seed import seed_used_lock_async
 from tests.support.sentinel import SentinelSet, renew_until_ok
 from tests.support.soak import repeat_run_in_soak
+from tests.support.waiting import until
 
 LEASE_KEY = "elector:{jobs}:lease"
 TTL_MS = 10_000
@@ -109,6 +110,9 @@ async def test_watcher_moves_the_pool_and_renewals_land_on_the_new_master(
         # sooner it moves (a poll interval, or at once by pub/sub) is printed below.
         within_s = granted_at + TTL_MS / 1000 - REQUEST_TIMEOUT_S - time.monotonic()
         assert await _follows(watcher, new, timeout_s=within_s), f"still follows {watcher.followed}"
+        # The watcher follows the new address before it closes the old connections, and records
+        # the switch after that close: a loaded CI run read the list in between (IndexError).
+        await until(lambda: watcher.switches and watcher.switches[-1].new == new, timeout_s=HANG_S)
         switch = watcher.switches[-1]
         assert switch.new == new and switch.old == old
         assert switch.closed >= 1  # the acquire's pooled connection to the old master
