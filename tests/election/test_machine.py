@@ -318,14 +318,14 @@ async def test_step_can_be_driven_by_hand(store) -> None:
     assert second.kind is OutcomeKind.RENEWED
 
 
-async def test_locks_granted_together_spread_their_renewals_from_the_first_one() -> None:
-    """With renewal jitter on (many locks), the first renewal of a term falls anywhere in the
-    interval, so 50 locks granted at once never renew in one burst; later ones keep their phase."""
+async def run_jittered_locks(count: int, *, for_s: float) -> list[Recorder]:
+    """`count` elections, each on a lock of its own, with renewal jitter on (as in a many-lock
+    daemon), run for `for_s` of loop time; their recorders."""
     tasks, recorders = [], []
-    for index in range(50):
+    for index in range(count):
         recorder = Recorder()
         election = Election(
-            FakeBackend(FakeStore()),  # a lock of its own each
+            FakeBackend(FakeStore()),
             identity="a",
             timing=timing(),
             hooks=recorder.hooks(),
@@ -335,11 +335,18 @@ async def test_locks_granted_together_spread_their_renewals_from_the_first_one()
         recorders.append(recorder)
         tasks.append(asyncio.create_task(election.run()))
     try:
-        await asyncio.sleep(5.0)
+        await asyncio.sleep(for_s)
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+    return recorders
+
+
+async def test_locks_granted_together_spread_their_renewals_from_the_first_one() -> None:
+    """With renewal jitter on (many locks), the first renewal of a term falls anywhere in the
+    interval, so 50 locks granted at once never renew in one burst; later ones keep their phase."""
+    recorders = await run_jittered_locks(50, for_s=5.0)
     renewals = [[o.at for o in r.outcomes if o.kind is OutcomeKind.RENEWED] for r in recorders]
     firsts = sorted(times[0] for times in renewals)
     interval = timing().renew_interval_s
@@ -356,25 +363,7 @@ async def test_locks_granted_together_spread_their_renewals_from_the_first_one()
 async def test_renewals_of_many_locks_fall_due_together_on_a_grid() -> None:
     """With renewal jitter on, each renewal is due on a point of the RENEW_GRID_S grid inside its
     jitter range: many locks' renewals share instants, so they go out as one batch."""
-    tasks, recorders = [], []
-    for index in range(200):
-        recorder = Recorder()
-        election = Election(
-            FakeBackend(FakeStore()),
-            identity="a",
-            timing=timing(),
-            hooks=recorder.hooks(),
-            rng=random.Random(index),
-            renew_jitter_share=0.1,
-        )
-        recorders.append(recorder)
-        tasks.append(asyncio.create_task(election.run()))
-    try:
-        await asyncio.sleep(5.0)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    recorders = await run_jittered_locks(200, for_s=5.0)
     renewals = [o.at for r in recorders for o in r.outcomes if o.kind is OutcomeKind.RENEWED]
     assert len(renewals) >= 600
     for at in renewals:
