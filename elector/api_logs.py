@@ -4,6 +4,7 @@ Logger `elector.api` (structlog's stdlib integration picks the `extra` fields up
 
 * WARNING, once, when Redis becomes unreachable (a wrong URL, a refused password, a cut link: the
   first failed request, so within one request timeout), and INFO, once, when it answers again;
+  in between, one WARNING for each new kind of error (a timeout, then data that blocks the lock);
 * INFO for each transition (leading, released, stepped down, release withheld: ERROR) with the
   lock, our identity and the fencing token;
 * WARNING when another live candidate of the lock reports our identity;
@@ -52,6 +53,8 @@ class ElectionLog:
         self.redis_reached = False
         self.last_error: str | None = None
         self._duplicate_warned = False
+        #: The error kinds said at WARNING in the current outage.
+        self._kinds_warned: set[str | None] = set()
         self._token: int | None = None  # of our current (or last) term
 
     def observe(self, outcome: CycleOutcome) -> None:
@@ -60,11 +63,21 @@ class ElectionLog:
             self.last_error = outcome.error
             if self.redis_up is not False:
                 self.redis_up = False
+                self._kinds_warned = {outcome.error_kind}
                 logger.warning(
                     "lock %r: Redis unreachable (%s); %s",
                     self._lock,
                     outcome.error,
                     "retrying" if outcome.state is State.FOLLOWER else "renewing until the deadline",
+                    extra={**extra, "error_kind": outcome.error_kind},
+                )
+            elif outcome.error_kind not in self._kinds_warned:
+                # A new cause within one outage (a timeout, then data that blocks the lock).
+                self._kinds_warned.add(outcome.error_kind)
+                logger.warning(
+                    "lock %r: Redis request failed (%s)",
+                    self._lock,
+                    outcome.error,
                     extra={**extra, "error_kind": outcome.error_kind},
                 )
         elif outcome.duration_s is not None:

@@ -203,8 +203,9 @@ class OutcomeLogger:
     """Logs cycle outcomes (an `ElectionHooks.on_outcome` hook) without flooding.
 
     One INFO line per transition; a WARNING when Redis becomes unreachable and an INFO when it
-    is back, DEBUG for repeats; one INFO per quiet period; one INFO when another holder is
-    seen; one WARNING when the lock is blocked by a value elector did not write. Renewals and
+    is back, a WARNING for each new kind of error in between, DEBUG for repeats; one INFO per
+    quiet period; one INFO when another holder is seen; one WARNING when the lock is blocked by
+    a value elector did not write. Renewals and
     `held` cycles are DEBUG only. `lease_key` (the lock's lease key in Redis) is named in the
     warning about a foreign value, so that an operator knows what to inspect or delete.
     """
@@ -214,6 +215,8 @@ class OutcomeLogger:
         self._lease_key = lease_key
         self._foreign_value_seen = False
         self._backend_failing_since: float | None = None
+        #: The error kinds already said at WARNING in the current outage.
+        self._failing_kinds_warned: set[str | None] = set()
         self._in_quiet_period = False
         # None until a first observation; then (holder,) so that "lock free" is a value too.
         self._last_holder: tuple[Holder | None] | None = None
@@ -242,14 +245,21 @@ class OutcomeLogger:
             kind = _optional(error_kind=outcome.error_kind)
             if self._backend_failing_since is None:
                 self._backend_failing_since = outcome.at
+                self._failing_kinds_warned = {outcome.error_kind}
                 self._log.warning(
                     "redis_unreachable", error=outcome.error, outcome=outcome.kind.value, **kind
                 )
+            elif outcome.error_kind not in self._failing_kinds_warned:
+                # A new cause within one outage (a timeout first, then the data that blocks the
+                # lock): said once at WARNING, else the operator sees only the first cause.
+                self._failing_kinds_warned.add(outcome.error_kind)
+                self._log.warning("redis_error", error=outcome.error, outcome=outcome.kind.value, **kind)
             else:
                 self._log.debug("redis_error", error=outcome.error, outcome=outcome.kind.value, **kind)
         elif outcome.kind in _BACKEND_OK and self._backend_failing_since is not None:
             down_for_s = max(0.0, outcome.at - self._backend_failing_since)
             self._backend_failing_since = None
+            self._failing_kinds_warned = set()
             self._log.info("redis_reachable", unreachable_for_s=round(down_for_s, 3))
 
     def _track_foreign_value(self, outcome: CycleOutcome) -> None:

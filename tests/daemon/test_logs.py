@@ -262,6 +262,25 @@ def test_redis_outage_is_logged_on_its_edges(output: Output, outcome_logger: Out
     assert output.events("debug").count("redis_error") == 2
 
 
+def test_a_new_kind_of_error_within_an_outage_is_warned_once(
+    output: Output, outcome_logger: OutcomeLogger
+) -> None:
+    # A timeout first, then the data that blocks the lock: the operator must see the data error,
+    # not only the first cause; repeats of either stay DEBUG.
+    for at, kind in [(1.0, "timeout"), (2.0, "data"), (3.0, "data"), (4.0, "timeout"), (5.0, "data")]:
+        outcome_logger(outcome(OutcomeKind.ACQUIRE_ERROR, error=f"{kind} error", error_kind=kind, at=at))
+    warned = [line for line in output.lines() if line["level"] == "warning"]
+    assert [(line["event"], line["error_kind"]) for line in warned] == [
+        ("redis_unreachable", "timeout"),
+        ("redis_error", "data"),
+    ]
+    assert output.events("debug").count("redis_error") == 3
+    # A new outage starts the count again.
+    outcome_logger(outcome(OutcomeKind.HELD, holder=OTHER, at=6.0))
+    outcome_logger(outcome(OutcomeKind.ACQUIRE_ERROR, error="data error", error_kind="data", at=7.0))
+    assert [line["error_kind"] for line in output.lines() if line["level"] == "warning"][-1] == "data"
+
+
 def test_quiet_period_once_per_period(output: Output, outcome_logger: OutcomeLogger) -> None:
     for remaining in (3000, 2000, 1000):
         outcome_logger(outcome(OutcomeKind.QUIET_PERIOD, remaining_ms=remaining))
