@@ -15,6 +15,7 @@ A module that needs a variant overrides the fixture by name, building on this on
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,16 @@ from tests.support.timeout_backstop import pytest_runtest_protocol  # noqa: F401
 def pytest_addoption(parser: pytest.Parser) -> None:
     """The fault suite's options: here, since pytest reads options only from the first conftests."""
     add_fault_options(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """CPython 3.11 can leave its AST builder's recursion depth wrong after an error inside it
+    (python/cpython#106905; a timeout's signal can land there), after which pytest's own
+    traceback formatting fails with an INTERNALERROR that hides the test's failure (seen here on
+    3.11.7, pytest-dev/pytest#10874). Native tracebacks parse no source: on 3.11, unless the user
+    chose a style, they are used, and a failure is reported rather than lost."""
+    if sys.version_info[:2] == (3, 11) and config.option.tbstyle == "auto":
+        config.option.tbstyle = "native"
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
