@@ -18,7 +18,7 @@ import weakref
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from elector.election import CycleOutcome, OutcomeKind, State
+from elector.election import CycleOutcome, OutcomeKind, State, error_cause
 
 logger = logging.getLogger("elector.api")
 
@@ -63,7 +63,7 @@ class ElectionLog:
             self.last_error = outcome.error
             if self.redis_up is not False:
                 self.redis_up = False
-                self._kinds_warned = {outcome.error_kind}
+                self._kinds_warned = {error_cause(outcome.error_kind)}
                 logger.warning(
                     "lock %r: Redis unreachable (%s); %s",
                     self._lock,
@@ -71,9 +71,9 @@ class ElectionLog:
                     "retrying" if outcome.state is State.FOLLOWER else "renewing until the deadline",
                     extra={**extra, "error_kind": outcome.error_kind},
                 )
-            elif outcome.error_kind not in self._kinds_warned:
+            elif error_cause(outcome.error_kind) not in self._kinds_warned:
                 # A new cause within one outage (a timeout, then data that blocks the lock).
-                self._kinds_warned.add(outcome.error_kind)
+                self._kinds_warned.add(error_cause(outcome.error_kind))
                 logger.warning(
                     "lock %r: Redis request failed (%s)",
                     self._lock,

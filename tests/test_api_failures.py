@@ -80,16 +80,22 @@ async def test_one_warning_when_redis_goes_away_and_one_info_when_it_is_back(
     caplog.set_level(logging.INFO, logger="elector")
     async with Elector(LOCK, redis=tcp_proxy.url, identity="a", ttl_s=1.0) as e:
         await e.wait_for_leadership(timeout=5)
+        # Judged from the cut on: on a loaded machine a request of a 1 s ttl can time out before
+        # it, which is an outage of its own, rightly logged with its own two edges.
+        cut_at = len(caplog.records)
         tcp_proxy.cut()
         await until(lambda: not e.is_leader, timeout_s=5)
         await asyncio.sleep(1.0)  # many failed tries meanwhile
         tcp_proxy.restore()
         await e.wait_for_leadership(timeout=10)
-    warnings = [r.getMessage() for r in records(caplog, logging.WARNING)]
+    # The outage is the cut up to the first answer; later ones (a loaded machine's timeouts)
+    # are outages of their own.
+    after_cut = [(r.levelno, r.getMessage()) for r in caplog.records[cut_at:]]
+    back = (logging.INFO, "lock 'jobs': Redis answers again")
+    assert back in after_cut, after_cut
+    outage = after_cut[: after_cut.index(back)]
+    warnings = [message for level, message in outage if level == logging.WARNING]
     assert len(warnings) == 1 and "Redis unreachable" in warnings[0], warnings
-    assert [r.getMessage() for r in records(caplog, logging.INFO)].count(
-        "lock 'jobs': Redis answers again"
-    ) == 1
 
 
 async def test_an_acquire_timeout_bounds_the_wait_never_the_body(redis_url: str, raw) -> None:

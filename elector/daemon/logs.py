@@ -20,7 +20,7 @@ import structlog
 import structlog.tracebacks
 from structlog.typing import EventDict, Processor, WrappedLogger
 
-from elector.election.outcome import CycleOutcome, OutcomeKind
+from elector.election.outcome import CycleOutcome, OutcomeKind, error_cause
 from elector.lease import Holder
 
 LogFormat = Literal["auto", "json", "console"]
@@ -245,14 +245,14 @@ class OutcomeLogger:
             kind = _optional(error_kind=outcome.error_kind)
             if self._backend_failing_since is None:
                 self._backend_failing_since = outcome.at
-                self._failing_kinds_warned = {outcome.error_kind}
+                self._failing_kinds_warned = {error_cause(outcome.error_kind)}
                 self._log.warning(
                     "redis_unreachable", error=outcome.error, outcome=outcome.kind.value, **kind
                 )
-            elif outcome.error_kind not in self._failing_kinds_warned:
+            elif error_cause(outcome.error_kind) not in self._failing_kinds_warned:
                 # A new cause within one outage (a timeout first, then the data that blocks the
                 # lock): said once at WARNING, else the operator sees only the first cause.
-                self._failing_kinds_warned.add(outcome.error_kind)
+                self._failing_kinds_warned.add(error_cause(outcome.error_kind))
                 self._log.warning("redis_error", error=outcome.error, outcome=outcome.kind.value, **kind)
             else:
                 self._log.debug("redis_error", error=outcome.error, outcome=outcome.kind.value, **kind)

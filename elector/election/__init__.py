@@ -2,7 +2,14 @@
 
 from elector.election.hooks import ElectionHooks
 from elector.election.machine import Election
-from elector.election.outcome import CycleOutcome, ElectionStatus, OutcomeKind, State, StepDownReason
+from elector.election.outcome import (
+    CycleOutcome,
+    ElectionStatus,
+    OutcomeKind,
+    State,
+    StepDownReason,
+    error_cause,
+)
 from elector.election.timing import ElectionTiming, InvalidTimingError
 
 __all__ = [
@@ -15,4 +22,5 @@ __all__ = [
     "OutcomeKind",
     "State",
     "StepDownReason",
+    "error_cause",
 ]

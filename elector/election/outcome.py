@@ -9,7 +9,19 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from elector.lease import Holder
+from elector.lease import BackendErrorKind, Holder
+
+#: Error kinds that all say "Redis is not reached" (see BackendErrorKind): one cause for logs.
+_UNREACHED_KINDS = frozenset({BackendErrorKind.CONNECTION.value, BackendErrorKind.TIMEOUT.value})
+
+
+def error_cause(error_kind: str | None) -> str:
+    """The cause an outcome's `error_kind` stands for, as logs tell causes apart: "unreachable"
+    for a timeout or a broken connection (they alternate in one outage), else the kind itself
+    (auth, data, server: news an operator must see even in the middle of an outage)."""
+    if error_kind is None or error_kind in _UNREACHED_KINDS:
+        return "unreachable"
+    return error_kind
 
 
 class State(enum.StrEnum):

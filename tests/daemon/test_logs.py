@@ -267,17 +267,18 @@ def test_a_new_kind_of_error_within_an_outage_is_warned_once(
 ) -> None:
     # A timeout first, then the data that blocks the lock: the operator must see the data error,
     # not only the first cause; repeats of either stay DEBUG.
-    for at, kind in [(1.0, "timeout"), (2.0, "data"), (3.0, "data"), (4.0, "timeout"), (5.0, "data")]:
+    kinds = ["timeout", "data", "data", "connection", "timeout", "data"]
+    for at, kind in enumerate(kinds, start=1):
         outcome_logger(outcome(OutcomeKind.ACQUIRE_ERROR, error=f"{kind} error", error_kind=kind, at=at))
     warned = [line for line in output.lines() if line["level"] == "warning"]
     assert [(line["event"], line["error_kind"]) for line in warned] == [
         ("redis_unreachable", "timeout"),
         ("redis_error", "data"),
     ]
-    assert output.events("debug").count("redis_error") == 3
+    assert output.events("debug").count("redis_error") == 4  # a connection error is no new cause
     # A new outage starts the count again.
-    outcome_logger(outcome(OutcomeKind.HELD, holder=OTHER, at=6.0))
-    outcome_logger(outcome(OutcomeKind.ACQUIRE_ERROR, error="data error", error_kind="data", at=7.0))
+    outcome_logger(outcome(OutcomeKind.HELD, holder=OTHER, at=7.0))
+    outcome_logger(outcome(OutcomeKind.ACQUIRE_ERROR, error="data error", error_kind="data", at=8.0))
     assert [line["error_kind"] for line in output.lines() if line["level"] == "warning"][-1] == "data"
 
 

@@ -186,10 +186,12 @@ def test_a_follower_exits_at_once_on_sigterm(daemon, seeded) -> None:
 def test_a_second_signal_exits_at_once_without_waiting_for_the_release(
     daemon, seeded, redis_server: RedisServerProcess
 ) -> None:
-    # With Redis paused the release waits for its whole request timeout (2.5 s here); exiting
-    # well before that shows the second signal did not wait for it. A fixed 0.6 s bound
-    # failed once at 0.62 s on a loaded machine: the margin is now the timeout itself.
-    a = daemon("a", "--request-timeout", "2.5s", ttl="10s")
+    # With Redis paused the release waits for its whole request timeout (8 s here); exiting
+    # well before that shows the second signal did not wait for it. Bounds of 0.6 s and then
+    # 1.5 s failed on loaded machines (0.62 s; 1.75 s at load 12): the signal's handling is
+    # at the mercy of the scheduler, so the timeout is made long enough that half of it
+    # separates "did not wait" from "waited" on any machine that runs the suite at all.
+    a = daemon("a", "--request-timeout", "8s", ttl="30s")
     wait_until(a.is_leader, timeout_s=START_S)
     redis_server.pause()
     try:
@@ -198,11 +200,10 @@ def test_a_second_signal_exits_at_once_without_waiting_for_the_release(
             a.signal(signal.SIGTERM)
             time.sleep(0.1)
             a.signal(signal.SIGTERM)
-            assert a.wait(timeout_s=10) == 1
+            assert a.wait(timeout_s=20) == 1
             exited_s = time.monotonic() - started
-        # On a loaded machine each wake-up of the exit may be late by as much as this process was
-        # measured to be (the message shows it when the bound nears the 2.5 s it must beat).
-        assert exited_s < 1.5 + 2 * lateness.worst_s, lateness
+        # Each wake-up of the exit may also be late by as much as this process was measured to be.
+        assert exited_s < 4.0 + 2 * lateness.worst_s, (exited_s, lateness)
     finally:
         redis_server.resume()
     assert "exiting_now" in [line["event"] for line in a.log_lines()]

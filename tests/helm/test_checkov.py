@@ -25,6 +25,10 @@ from helm_python.chart import Chart
 from tests.helm.operator_support import OPERATOR_CHART_DIR, render_operator
 
 REPO = Path(__file__).resolve().parents[2]
+#: The first use builds checkov's virtualenv (2-4 min on a quiet machine, over 120 s on a loaded
+#: one) inside the test's set-up, and one checkov run per value set follows: the suite's default
+#: timeout of 120 s is for our own code, not for a pip install; the script's own 900 s bounds it.
+pytestmark = pytest.mark.timeout(900 + 300)
 RenderChart = Callable[..., list[dict[str, Any]]]
 SKIP = re.compile(r"^(CKV2?_K8S_\d+)=(.{20,})$")
 
