@@ -287,7 +287,6 @@ class LockElection:
                 await self._flush_or_log(timeout_s=1.0)
 
 
-
 def _fan_out(
     *hooks: Callable[[CycleOutcome], None], log: structlog.stdlib.BoundLogger
 ) -> Callable[[CycleOutcome], None]:
@@ -299,8 +298,6 @@ def _fan_out(
                 log.exception("outcome_hook_failed")
 
     return call_all
-
-
 
 
 #: How often `republish` wakes, seconds, and how many locks it republishes per wake (round robin).

@@ -11,13 +11,24 @@ MAX_CANDIDATES = 1000
 PRUNE_LIMIT = 100
 #: Longest handoff value parsed; anything longer is not elector's.
 MAX_HANDOFF_BYTES = 4096
+#: Longest instance nonce (hex digits) the scripts take or read back (see lease.py).
+MAX_NONCE_DIGITS = 64
 
 #: Lua helpers shared by the scripts of scripts.py (prepended to each that uses them; not a script).
 #:
 #: server_ms(): Redis server time in ms (one clock for every replica's entries).
-#: prune(entries, expiry, now_ms): drop at most PRUNE_LIMIT lapsed candidates.
-#: register(entries, expiry, identity, priority, now_ms, lapse_ms): prune, then refresh the entry
-#:   (a new identity only while fewer than MAX_CANDIDATES are registered).
+#: prune(entries, expiry, now_ms, instances): drop at most PRUNE_LIMIT lapsed candidates (and
+#:   their instance nonces, when the instances hash is given; best effort).
+#: register(entries, expiry, identity, priority, now_ms, lapse_ms, instances): prune, then refresh
+#:   the entry (a new identity only while fewer than MAX_CANDIDATES are registered).
+#: instance_clash(instances, expiry, identity, nonce, now_ms): 1 when the identity's entry is live
+#:   and was last registered by another instance (another nonce), else 0; called before register.
+#:   No nonce (an older caller), no recorded nonce (an older daemon's entry), a garbage one or a
+#:   key of another type: 0, never an error.
+#: note_instance(instances, expiry, identity, nonce): record `nonce` as the instance that last
+#:   registered the identity (after register, only when it is registered; best effort). A hash
+#:   holding more than PRUNE_LIMIT nonces beyond the registered entries (left by older daemons,
+#:   whose prune does not know it) is reset first, so its size stays bounded.
 #: live(entries, expiry, now_ms): {{identity, priority, seen_ms}, ...} of unexpired, parsable
 #:   entries (at most MAX_CANDIDATES); foreign or garbage entries are skipped.
 #: read_handoff(key): {from=, to=, pttl=} of the handoff in progress, or nil when there is none
@@ -26,26 +37,64 @@ MAX_HANDOFF_BYTES = 4096
 #: decode_identity(json): the identity from its JSON string literal, or nil.
 LIB = (
     f"local MAX_CANDIDATES, PRUNE_LIMIT = {MAX_CANDIDATES}, {PRUNE_LIMIT}\n"
-    f"local MAX_HANDOFF_BYTES = {MAX_HANDOFF_BYTES}\n"
+    f"local MAX_HANDOFF_BYTES, MAX_NONCE_DIGITS = {MAX_HANDOFF_BYTES}, {MAX_NONCE_DIGITS}\n"
     + """local function server_ms()
   local now = redis.call('TIME')
   return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 end
-local function prune(entries, expiry, now_ms)
+local function prune(entries, expiry, now_ms, instances)
   local gone = redis.call('ZRANGEBYSCORE', expiry, '-inf', string.format('%d', now_ms),
     'LIMIT', 0, PRUNE_LIMIT)
   if #gone > 0 then
     redis.call('HDEL', entries, unpack(gone))
     redis.call('ZREM', expiry, unpack(gone))
+    if instances then
+      redis.pcall('HDEL', instances, unpack(gone))
+    end
   end
 end
-local function register(entries, expiry, identity, priority, now_ms, lapse_ms)
-  prune(entries, expiry, now_ms)
+local function register(entries, expiry, identity, priority, now_ms, lapse_ms, instances)
+  prune(entries, expiry, now_ms, instances)
   if redis.call('ZSCORE', expiry, identity) or redis.call('ZCARD', expiry) < MAX_CANDIDATES then
     redis.call('HSET', entries, identity,
       string.format('{"priority":%d,"seen_ms":%d}', priority, now_ms))
     redis.call('ZADD', expiry, string.format('%d', now_ms + lapse_ms), identity)
   end
+end
+local function instance_clash(instances, expiry, identity, nonce, now_ms)
+  if not nonce then
+    return 0
+  end
+  local ok, clash = pcall(function()
+    local until_ms = tonumber(redis.call('ZSCORE', expiry, identity))
+    if not until_ms or until_ms <= now_ms then
+      return 0
+    end
+    local stored = redis.call('HGET', instances, identity)
+    if type(stored) == 'string' and stored ~= nonce and string.len(stored) <= MAX_NONCE_DIGITS
+        and string.match(stored, '^%x+$') then
+      return 1
+    end
+    return 0
+  end)
+  if ok then
+    return clash
+  end
+  return 0
+end
+local function note_instance(instances, expiry, identity, nonce)
+  if not nonce then
+    return
+  end
+  pcall(function()
+    if not redis.call('ZSCORE', expiry, identity) then
+      return
+    end
+    if redis.call('HLEN', instances) > redis.call('ZCARD', expiry) + PRUNE_LIMIT then
+      redis.call('DEL', instances)
+    end
+    redis.call('HSET', instances, identity, nonce)
+  end)
 end
 local function live(entries, expiry, now_ms)
   local ids = redis.call('ZRANGEBYSCORE', expiry, '(' .. string.format('%d', now_ms), '+inf',

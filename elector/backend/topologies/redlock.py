@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
 import logging
 import random
@@ -173,9 +174,12 @@ class RedlockLeaseBackend:
             deadline=t0 + self._request_timeout_s * FIRST_ROUND_SHARE,
         )
         granted = {i: vote.lease for i, vote in enumerate(votes) if isinstance(vote, Granted)}
+        # Each server keeps its own registry: a clash any of them saw is one.
+        clash = _any_clash(votes)
         if len(granted) < self.majority:
             self._abandon_later({i: [lease.value] for i, lease in granted.items()})
-            return self._not_granted(votes, ttl_ms=ttl_ms)
+            result = self._not_granted(votes, ttl_ms=ttl_ms)
+            return dataclasses.replace(result, identity_clash=clash) if clash else result
         token = max(lease.fencing_token for lease in granted.values())
         owner = secrets.token_hex(16)
         try:
@@ -202,7 +206,7 @@ class RedlockLeaseBackend:
             self._abandon_later({i: [lease.value] for i, lease in granted.items() if i not in confirmed})
             self._split_votes_in_a_row = 0
             lease = Lease(lock=self._lock, identity=identity, fencing_token=token, ttl_ms=ttl_ms, value=value)
-            return Granted(lease=lease)
+            return Granted(lease=lease, identity_clash=clash)
         self._abandon_later(leftovers)
         if validity_ms <= 0:
             raise LeaseBackendError(
@@ -290,7 +294,7 @@ class RedlockLeaseBackend:
                     kind=BackendErrorKind.TIMEOUT,
                 )
             # Handoffs and priority pre-emption are not supported over Redlock (module doc).
-            return Renewed()
+            return Renewed(identity_clash=_any_clash(results))
         if len(lost) > self.servers - self.majority:
             # A majority no longer holds our value: lost for good. Drop what a minority still holds.
             self._abandon_later({i: [lease.value] for i in renewed})
@@ -301,8 +305,8 @@ class RedlockLeaseBackend:
                     (r.remaining_ms for r in lost if r.holder == holder and r.remaining_ms is not None),
                     default=None,
                 )
-                return Lost(holder=holder, remaining_ms=remaining)
-            return Lost(holder=None, remaining_ms=None)
+                return Lost(holder=holder, remaining_ms=remaining, identity_clash=_any_clash(results))
+            return Lost(holder=None, remaining_ms=None, identity_clash=_any_clash(results))
         errors = [result for result in results if isinstance(result, LeaseBackendError)]
         raise LeaseBackendError(
             f"renew: renewed on {len(renewed)} of {self.servers} Redis servers, {self.majority} needed"
@@ -484,6 +488,11 @@ class RedlockLeaseBackend:
                 await asyncio.gather(*(abandon(i, v) for i, v in values.items()), return_exceptions=True)
         except TimeoutError:
             pass  # what is left lapses with its ttl
+
+
+def _any_clash(results: Sequence[object]) -> bool:
+    """Whether any server's answer reported an identity clash (errors report none)."""
+    return any(getattr(result, "identity_clash", False) for result in results)
 
 
 def _majority_remaining(remaining: list[int | None], majority: int) -> int | None:
