@@ -90,7 +90,12 @@ class LockElection:
             hooks=ElectionHooks(
                 on_outcome=_fan_out(
                     self._publish_outcome,  # first: /leader and the probes learn of it at once
-                    OutcomeLogger(self.log, lease_key=lease_key),
+                    OutcomeLogger(
+                        self.log,
+                        lease_key=lease_key,
+                        identity=settings.identity,
+                        ttl_s=settings.timing.ttl_s,
+                    ),
                     self.metrics.observe,
                     self._on_outcome,
                     *([] if on_outcome is None else [on_outcome]),

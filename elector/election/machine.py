@@ -94,6 +94,7 @@ class Election(SteppingDown, AnnouncementListener):
             backend_up=self._backend_up,
             now=now,
             waiting_for_own_work=self._contend_held,
+            identity_clash=self._clashes.active(now),
         )
 
     # -- control -------------------------------------------------------------------------------

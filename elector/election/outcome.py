@@ -131,3 +131,5 @@ class ElectionStatus:
     now: float
     #: Not contending because the program's own leader work of an ended term still runs.
     waiting_for_own_work: bool = False
+    #: Another live process reports our identity (an episode of clash.py is under way).
+    identity_clash: bool = False
