@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from elector.backend import protocol
 from elector.backend.lua import lease
-from elector.backend.lua.common import LIB
+from elector.backend.lua.common import CALLER_LIB, LIB
 
 __all__ = ["ACQUIRE_BATCH", "BATCH_OF", "RELEASE_BATCH", "RENEWED", "RENEW_BATCH", "body_of"]
 
@@ -46,7 +46,7 @@ __all__ = ["ACQUIRE_BATCH", "BATCH_OF", "RELEASE_BATCH", "RENEWED", "RENEW_BATCH
 RENEWED = 1
 
 #: The Lua helpers ACQUIRE and RENEW are prefixed with (lease.py), before their body.
-_CONTENDER_PREFIX = LIB + protocol.META_LIB + lease._CALLER_LIB
+_CONTENDER_PREFIX = LIB + protocol.META_LIB + CALLER_LIB
 
 
 def body_of(script: str, *, prefix: str) -> str:

@@ -152,3 +152,36 @@ local function handoff_json(from, to)
 end
 """
 )
+
+#: Lua helpers of the two scripts a contender calls with its ttl, priority and identity (ACQUIRE,
+#: RENEW): read_caller(ttl, priority, identity) checks the three arguments and returns
+#: {ttl=, priority=, me=}, or nil and the error reply to return; read_nonce(nonce, instances_key)
+#: returns the instance nonce (nil when none was given), or nil and the error reply (prepended
+#: after LIB, whose decode_identity and MAX_NONCE_DIGITS it uses; not a script).
+CALLER_LIB = """local function read_caller(ttl_arg, priority_arg, identity_arg)
+  local ttl = tonumber(ttl_arg)
+  if not ttl or ttl <= 0 or ttl ~= math.floor(ttl) then
+    return nil, redis.error_reply('ERR elector: ttl must be a positive integer of milliseconds')
+  end
+  local priority = tonumber(priority_arg)
+  if not priority or priority ~= math.floor(priority) or math.abs(priority) > 1e9 then
+    return nil, redis.error_reply('ERR elector: priority must be an integer between -10^9 and 10^9')
+  end
+  local me = decode_identity(identity_arg)
+  if not me then
+    return nil, redis.error_reply('ERR elector: identity must be a JSON string')
+  end
+  return {ttl = ttl, priority = priority, me = me}
+end
+local function read_nonce(nonce_arg, instances_key)
+  if not nonce_arg or nonce_arg == '' then
+    return nil
+  end
+  if not instances_key or string.len(nonce_arg) > MAX_NONCE_DIGITS
+      or not string.match(nonce_arg, '^%x+$') then
+    return nil, redis.error_reply('ERR elector: the instance nonce must be hex digits (at most '
+      .. MAX_NONCE_DIGITS .. '), with the instances key')
+  end
+  return nonce_arg
+end
+"""

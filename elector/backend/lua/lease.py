@@ -39,6 +39,7 @@ A handoff key that is unparsable, of another type, or without an expiry is ignor
 from __future__ import annotations
 
 from elector.backend import protocol
+from elector.backend.lua.common import CALLER_LIB as _CALLER_LIB
 from elector.backend.lua.common import LIB as _LIB
 from elector.backend.lua.common import MAX_CANDIDATES, MAX_HANDOFF_BYTES, PRUNE_LIMIT
 from elector.backend.lua.lost_data import DATA_LIB
@@ -56,39 +57,6 @@ __all__ = [
     "WITHDRAW",
     "LockKeys",
 ]
-
-#: Lua helper of the two scripts a contender calls with its ttl, priority and identity (ACQUIRE,
-#: RENEW): read_caller(ttl, priority, identity) checks the three arguments and returns
-#: {ttl=, priority=, me=}, or nil and the error reply to return; read_nonce(nonce, instances_key)
-#: returns the instance nonce (nil when none was given), or nil and the error reply (prepended
-#: after _LIB, whose decode_identity and MAX_NONCE_DIGITS it uses; not a script).
-_CALLER_LIB = """local function read_caller(ttl_arg, priority_arg, identity_arg)
-  local ttl = tonumber(ttl_arg)
-  if not ttl or ttl <= 0 or ttl ~= math.floor(ttl) then
-    return nil, redis.error_reply('ERR elector: ttl must be a positive integer of milliseconds')
-  end
-  local priority = tonumber(priority_arg)
-  if not priority or priority ~= math.floor(priority) or math.abs(priority) > 1e9 then
-    return nil, redis.error_reply('ERR elector: priority must be an integer between -10^9 and 10^9')
-  end
-  local me = decode_identity(identity_arg)
-  if not me then
-    return nil, redis.error_reply('ERR elector: identity must be a JSON string')
-  end
-  return {ttl = ttl, priority = priority, me = me}
-end
-local function read_nonce(nonce_arg, instances_key)
-  if not nonce_arg or nonce_arg == '' then
-    return nil
-  end
-  if not instances_key or string.len(nonce_arg) > MAX_NONCE_DIGITS
-      or not string.match(nonce_arg, '^%x+$') then
-    return nil, redis.error_reply('ERR elector: the instance nonce must be hex digits (at most '
-      .. MAX_NONCE_DIGITS .. '), with the instances key')
-  end
-  return nonce_arg
-end
-"""
 
 #: Acquire: grant the lock if free, else say who holds it and for how long.
 #:

@@ -30,10 +30,10 @@ renew: RENEW (owner-checked, never re-creating a key) on every server with the s
 majority renewed within the validity -> Renewed; more than N - majority say Lost -> Lost; else an
 error (the election retries until its renew deadline). release: on every server, best effort.
 observe: the holder seen by a majority. subscribe: the announcements of every server, merged and
-de-duplicated; it holds while a majority of the subscriptions live.
-
-Not supported: handoffs and priority pre-emption (renew never reports them; `release` with a
-handoff target and `request_handoff` raise a clear error). Candidates are merged from all servers.
+de-duplicated; it holds while a majority of the subscriptions live. Candidates are merged from all
+servers; an identity clash (redis_lease.py) any server answered is one. Not supported: handoffs
+and priority pre-emption (renew never reports them; `release` with a handoff target and
+`request_handoff` raise a clear error).
 """
 
 from __future__ import annotations
@@ -174,12 +174,10 @@ class RedlockLeaseBackend:
             deadline=t0 + self._request_timeout_s * FIRST_ROUND_SHARE,
         )
         granted = {i: vote.lease for i, vote in enumerate(votes) if isinstance(vote, Granted)}
-        # Each server keeps its own registry: a clash any of them saw is one.
-        clash = _any_clash(votes)
+        clash = any(getattr(vote, "identity_clash", False) for vote in votes)
         if len(granted) < self.majority:
             self._abandon_later({i: [lease.value] for i, lease in granted.items()})
-            result = self._not_granted(votes, ttl_ms=ttl_ms)
-            return dataclasses.replace(result, identity_clash=clash) if clash else result
+            return dataclasses.replace(self._not_granted(votes, ttl_ms=ttl_ms), identity_clash=clash)
         token = max(lease.fencing_token for lease in granted.values())
         owner = secrets.token_hex(16)
         try:
@@ -285,6 +283,7 @@ class RedlockLeaseBackend:
             [b.renew(lease, priority=priority) for b in self._backends],
         )
         renewed = [i for i, result in enumerate(results) if isinstance(result, Renewed)]
+        clash = any(getattr(result, "identity_clash", False) for result in results)
         lost = [result for result in results if isinstance(result, Lost)]
         if len(renewed) >= self.majority:
             elapsed_ms = (self._clock() - started) * 1000
@@ -294,7 +293,7 @@ class RedlockLeaseBackend:
                     kind=BackendErrorKind.TIMEOUT,
                 )
             # Handoffs and priority pre-emption are not supported over Redlock (module doc).
-            return Renewed(identity_clash=_any_clash(results))
+            return Renewed(identity_clash=clash)
         if len(lost) > self.servers - self.majority:
             # A majority no longer holds our value: lost for good. Drop what a minority still holds.
             self._abandon_later({i: [lease.value] for i in renewed})
@@ -305,8 +304,8 @@ class RedlockLeaseBackend:
                     (r.remaining_ms for r in lost if r.holder == holder and r.remaining_ms is not None),
                     default=None,
                 )
-                return Lost(holder=holder, remaining_ms=remaining, identity_clash=_any_clash(results))
-            return Lost(holder=None, remaining_ms=None, identity_clash=_any_clash(results))
+                return Lost(holder=holder, remaining_ms=remaining, identity_clash=clash)
+            return Lost(holder=None, remaining_ms=None, identity_clash=clash)
         errors = [result for result in results if isinstance(result, LeaseBackendError)]
         raise LeaseBackendError(
             f"renew: renewed on {len(renewed)} of {self.servers} Redis servers, {self.majority} needed"
@@ -488,11 +487,6 @@ class RedlockLeaseBackend:
                 await asyncio.gather(*(abandon(i, v) for i, v in values.items()), return_exceptions=True)
         except TimeoutError:
             pass  # what is left lapses with its ttl
-
-
-def _any_clash(results: Sequence[object]) -> bool:
-    """Whether any server's answer reported an identity clash (errors report none)."""
-    return any(getattr(result, "identity_clash", False) for result in results)
 
 
 def _majority_remaining(remaining: list[int | None], majority: int) -> int | None:
