@@ -73,6 +73,13 @@ async def server_ms(raw: redis.asyncio.Redis) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
+async def lapsed(raw: redis.asyncio.Redis, identity: str) -> None:
+    """Wait until `identity`'s entry lapsed (three ttl), on the server's clock."""
+    lapses_at = await raw.zscore(KEYS.candidate_expiry, identity)
+    while await server_ms(raw) <= lapses_at:  # noqa: ASYNC110 - the server's clock is the point
+        await asyncio.sleep(0.01)
+
+
 async def old_acquire(raw: redis.asyncio.Redis, identity: str = "same") -> list[object]:
     """ACQUIRE as an older daemon calls it: eight keys, seven arguments, no nonce."""
     keys = [KEYS.lease, KEYS.fencing, KEYS.quiet, KEYS.server, KEYS.candidates, KEYS.candidate_expiry]
@@ -179,9 +186,7 @@ async def test_a_lapsed_entry_of_another_instance_is_no_clash(instance, raw) -> 
     assert not await clashes(two, "elsewhere")  # two's first registration is behind it
     result = await one.acquire("same", ttl_ms=20)
     assert isinstance(result, Held)
-    lapses_at = await raw.zscore(KEYS.candidate_expiry, "same")
-    while await server_ms(raw) <= lapses_at:  # three ttl on the server's clock
-        await asyncio.sleep(0.01)
+    await lapsed(raw, "same")
     assert not await clashes(two)
 
 
@@ -205,9 +210,7 @@ async def test_the_instances_hash_stays_bounded_when_older_daemons_pruned_entrie
 async def test_pruning_a_lapsed_entry_drops_its_nonce(instance, raw) -> None:
     one = instance()
     await one.acquire("brief", ttl_ms=20)
-    lapses_at = await raw.zscore(KEYS.candidate_expiry, "brief")
-    while await server_ms(raw) <= lapses_at:
-        await asyncio.sleep(0.01)
+    await lapsed(raw, "brief")
     await one.acquire("same", ttl_ms=TTL_MS)
     assert sorted(await raw.hkeys(KEYS.candidate_instances)) == [b"same"]
 
