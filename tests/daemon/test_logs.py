@@ -290,3 +290,27 @@ def test_new_leader_observed_on_holder_changes(output: Output, outcome_logger: O
         (None, None),
     ]
     assert all(line["level"] == "info" for line in observed)
+
+
+def test_an_identity_clash_is_one_warning_per_episode(output: Output) -> None:
+    """Another live process under our identity: one WARNING when it starts (the registry's flag,
+    or a holder with our identity), none while it goes on, another after 3 ttl without one."""
+    log = OutcomeLogger(make_logger("elector.test.outcomes", context=context), identity="pod-a", ttl_s=1.0)
+    log(outcome(OutcomeKind.HELD, holder=OTHER, at=1.0))
+    log(outcome(OutcomeKind.HELD, holder=OTHER, at=2.0, identity_clash=True))
+    log(outcome(OutcomeKind.HELD, holder=OTHER, at=3.0))
+    log(outcome(OutcomeKind.HELD, holder=ME, at=4.0))  # a holder with our identity: the same episode
+    log(outcome(OutcomeKind.HELD, holder=OTHER, at=6.5, identity_clash=True))
+    assert output.events("warning") == ["identity_clash"]
+    log(outcome(OutcomeKind.HELD, holder=OTHER, at=10.0))  # over 3 ttl without one: it ended
+    log(outcome(OutcomeKind.HELD, holder=ME, at=11.0))
+    warnings = [line for line in output.lines() if line["level"] == "warning"]
+    assert [line["event"] for line in warnings] == ["identity_clash"] * 2
+    assert warnings[0]["lock"] == "jobs" and warnings[0]["identity"] == "pod-a"
+    assert "--identity" in warnings[0]["hint"]
+    assert warnings[1]["holder"] == "pod-a"
+
+
+def test_without_an_identity_clashes_are_not_tracked(output: Output, outcome_logger: OutcomeLogger) -> None:
+    outcome_logger(outcome(OutcomeKind.HELD, holder=ME, identity_clash=True))
+    assert output.events("warning") == []
