@@ -5,6 +5,10 @@ ACQUIRE's free-lock path and a meta-hash read (and, at most once per ttl, a writ
 This measures what that costs Redis: Redis's own `usec_per_call` of EVALSHA (INFO commandstats,
 reset before each run), so client and network overhead are left out. Protocol 1's scripts come
 from git history (commit cbaaac6). Each figure is the median of RUNS runs of CALLS calls.
+
+The last column calls protocol 2's scripts as the backend does since the identity-clash check
+(issue 24): with the candidate instances hash and this instance's nonce, which add a few hash
+and sorted-set reads and one hash write to every registration.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ def usec_per_call(client: redis.Redis, call: Callable[[], object]) -> float:
     return statistics.median(runs)
 
 
-def measure(client: redis.Redis, *, new: bool) -> dict[str, float]:
+def measure(client: redis.Redis, *, new: bool, nonces: bool = False) -> dict[str, float]:
     source = scripts.__dict__ if new else previous_scripts()
     acquire = client.register_script(source["ACQUIRE"])
     renew = client.register_script(source["RENEW"])
@@ -64,7 +68,13 @@ def measure(client: redis.Redis, *, new: bool) -> dict[str, float]:
     acquire_keys += [KEYS.candidate_expiry, KEYS.handoff] + ([KEYS.meta] if new else [])
     renew_keys = [KEYS.lease, KEYS.candidates, KEYS.candidate_expiry, KEYS.handoff]
     renew_keys += [KEYS.meta] if new else []
-    extra = [0, 0] if new else []
+    extra: list[object] = [0, 0] if new else []
+    nonce: list[object] = []
+    if nonces:
+        acquire_keys.append(KEYS.candidate_instances)
+        renew_keys.append(KEYS.candidate_instances)
+        nonce = ["0123456789abcdef"]
+        extra += nonce
 
     def grant(identity: str) -> str:
         reply = acquire(keys=acquire_keys, args=[json.dumps(identity), "ab" * 16, 10_000, "ch", 0, *extra])
@@ -75,7 +85,7 @@ def measure(client: redis.Redis, *, new: bool) -> dict[str, float]:
     figures = {
         "RENEW (leader)": usec_per_call(
             client,
-            lambda: renew(keys=renew_keys, args=[value, 10_000, json.dumps("leader"), 0]),
+            lambda: renew(keys=renew_keys, args=[value, 10_000, json.dumps("leader"), 0, *nonce]),
         ),
         "ACQUIRE, held (follower)": usec_per_call(
             client,
@@ -100,13 +110,14 @@ def main() -> int:
         client = redis.Redis.from_url(server.url)
         old = measure(client, new=False)
         new = measure(client, new=True)
+        nonced = measure(client, new=True, nonces=True)
         client.close()
     print(f"Redis-side usec per EVALSHA (median of {RUNS} runs of {CALLS} calls; redis-server on this host)")
-    print("| script | protocol 1 (cbaaac6) | protocol 2 | difference |")
-    print("|---|---|---|---|")
+    print("| script | protocol 1 (cbaaac6) | protocol 2 | difference | protocol 2 with instance nonces |")
+    print("|---|---|---|---|---|")
     for name, before in old.items():
         after = new[name]
-        print(f"| {name} | {before:.2f} | {after:.2f} | {after - before:+.2f} |")
+        print(f"| {name} | {before:.2f} | {after:.2f} | {after - before:+.2f} | {nonced[name]:.2f} |")
     return 0
 
 
