@@ -21,12 +21,13 @@ MAX_NONCE_DIGITS = 64
 #:   their instance nonces, when the instances hash is given; best effort).
 #: register(entries, expiry, identity, priority, now_ms, lapse_ms, instances): prune, then refresh
 #:   the entry (a new identity only while fewer than MAX_CANDIDATES are registered).
-#: instance_clash(instances, expiry, identity, nonce, now_ms): 1 when the identity's entry is live
-#:   and was last registered by another instance (another nonce), else 0; called before register.
-#:   No nonce (an older caller), no recorded nonce (an older daemon's entry), a garbage one or a
-#:   key of another type: 0, never an error.
-#: note_instance(instances, expiry, identity, nonce): record `nonce` as the instance that last
-#:   registered the identity (after register, only when it is registered; best effort). A hash
+#: instance_clash(instances, expiry, identity, nonce, now_ms): (1 when the identity's entry is
+#:   live and was last registered by another instance, another nonce, else 0; the nonce recorded
+#:   for the live entry, or nil); called before register. No nonce (an older caller), no recorded
+#:   nonce (an older daemon's entry), a garbage one or a key of another type: 0, never an error.
+#: note_instance(instances, expiry, identity, nonce, recorded): record `nonce` as the instance
+#:   that last registered the identity, unless the live entry's recorded nonce is already ours
+#:   (the steady state: no write); only when the identity is registered; best effort. A hash
 #:   holding more than PRUNE_LIMIT nonces beyond the registered entries (left by older daemons,
 #:   whose prune does not know it) is reset first, so its size stays bounded.
 #: live(entries, expiry, now_ms): {{identity, priority, seen_ms}, ...} of unexpired, parsable
@@ -61,40 +62,41 @@ local function register(entries, expiry, identity, priority, now_ms, lapse_ms, i
     redis.call('ZADD', expiry, string.format('%d', now_ms + lapse_ms), identity)
   end
 end
+local function read_instance(instances, expiry, identity, now_ms)
+  local until_ms = tonumber(redis.call('ZSCORE', expiry, identity))
+  local stored = redis.call('HGET', instances, identity)
+  if type(stored) ~= 'string' then
+    stored = nil
+  end
+  return stored, until_ms ~= nil and until_ms > now_ms
+end
 local function instance_clash(instances, expiry, identity, nonce, now_ms)
   if not nonce then
-    return 0
+    return 0, nil
   end
-  local ok, clash = pcall(function()
-    local until_ms = tonumber(redis.call('ZSCORE', expiry, identity))
-    if not until_ms or until_ms <= now_ms then
-      return 0
-    end
-    local stored = redis.call('HGET', instances, identity)
-    if type(stored) == 'string' and stored ~= nonce and string.len(stored) <= MAX_NONCE_DIGITS
-        and string.match(stored, '^%x+$') then
-      return 1
-    end
-    return 0
-  end)
-  if ok then
-    return clash
+  local ok, stored, alive = pcall(read_instance, instances, expiry, identity, now_ms)
+  if not ok or not alive then
+    return 0, nil
   end
-  return 0
+  if stored and stored ~= nonce and string.len(stored) <= MAX_NONCE_DIGITS
+      and string.match(stored, '^%x+$') then
+    return 1, stored
+  end
+  return 0, stored
 end
-local function note_instance(instances, expiry, identity, nonce)
-  if not nonce then
+local function write_instance(instances, expiry, identity, nonce)
+  if not redis.call('ZSCORE', expiry, identity) then
     return
   end
-  pcall(function()
-    if not redis.call('ZSCORE', expiry, identity) then
-      return
-    end
-    if redis.call('HLEN', instances) > redis.call('ZCARD', expiry) + PRUNE_LIMIT then
-      redis.call('DEL', instances)
-    end
-    redis.call('HSET', instances, identity, nonce)
-  end)
+  if redis.call('HLEN', instances) > redis.call('ZCARD', expiry) + PRUNE_LIMIT then
+    redis.call('DEL', instances)
+  end
+  redis.call('HSET', instances, identity, nonce)
+end
+local function note_instance(instances, expiry, identity, nonce, stored)
+  if nonce and stored ~= nonce then
+    pcall(write_instance, instances, expiry, identity, nonce)
+  end
 end
 local function live(entries, expiry, now_ms)
   local ids = redis.call('ZRANGEBYSCORE', expiry, '(' .. string.format('%d', now_ms), '+inf',

@@ -145,9 +145,9 @@ if foreign then
   return {4, foreign, -1}
 end
 local now_ms = server_ms()
-local clash = instance_clash(KEYS[9], KEYS[6], me, nonce, now_ms)
+local clash, recorded = instance_clash(KEYS[9], KEYS[6], me, nonce, now_ms)
 pcall(register, KEYS[5], KEYS[6], me, priority, now_ms, 3 * ttl, KEYS[9])
-note_instance(KEYS[9], KEYS[6], me, nonce)
+note_instance(KEYS[9], KEYS[6], me, nonce, recorded)
 local holder = redis.call('GET', KEYS[1])
 if holder then
   if string.find(holder, '"token":"' .. ARGV[2] .. '"', 1, true) then
@@ -251,9 +251,9 @@ if bad_nonce then
   return bad_nonce
 end
 local now_ms = server_ms()
-local clash = instance_clash(KEYS[6], KEYS[3], me, nonce, now_ms)
+local clash, recorded = instance_clash(KEYS[6], KEYS[3], me, nonce, now_ms)
 pcall(register, KEYS[2], KEYS[3], me, priority, now_ms, 3 * ttl, KEYS[6])
-note_instance(KEYS[6], KEYS[3], me, nonce)
+note_instance(KEYS[6], KEYS[3], me, nonce, recorded)
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ttl)
