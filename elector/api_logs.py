@@ -20,7 +20,7 @@ import weakref
 from prometheus_client import CollectorRegistry, Gauge
 
 from elector.election import CycleOutcome, OutcomeKind, State
-from elector.election.clash import QUIET_TTLS, ClashEpisodes
+from elector.election.clash import ClashEpisodes
 
 logger = logging.getLogger("elector.api")
 
@@ -54,7 +54,7 @@ class ElectionLog:
         self.redis_up: bool | None = None
         self.redis_reached = False
         self.last_error: str | None = None
-        self._clashes = ClashEpisodes(identity=identity, quiet_s=QUIET_TTLS * ttl_s)
+        self._clashes = ClashEpisodes(identity=identity, ttl_s=ttl_s)
         self._token: int | None = None  # of our current (or last) term
 
     def observe(self, outcome: CycleOutcome) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
 
@@ -139,4 +140,25 @@ async def test_an_older_daemons_entry_under_our_identity_is_no_warning_and_no_er
             older.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await older
+    assert warnings(caplog) == []
+
+
+async def test_a_restart_under_a_dead_leaders_identity_is_no_warning(
+    redis_url: str, raw, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A leader died without releasing (SIGKILL; a container restart keeps $POD_NAME) and comes
+    back under its identity: its predecessor's lease and registry entry (with the predecessor's
+    nonce) are still there, but nobody renews them. Not a clash: it leads once the lease lapsed."""
+    caplog.set_level(logging.INFO, logger="elector")
+    ttl_ms = int(TTL_S * 1000)
+    value = {"identity": "same", "fencing_token": 1, "token": "ab" * 16, "v": 2, "ttl_ms": ttl_ms}
+    await raw.set(KEYS.lease, json.dumps(value, separators=(",", ":")), px=ttl_ms)
+    seconds, micros = await raw.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    await raw.hset(KEYS.candidates, "same", f'{{"priority":0,"seen_ms":{now_ms}}}')
+    await raw.zadd(KEYS.candidate_expiry, {"same": now_ms + 3 * ttl_ms})
+    await raw.hset(KEYS.candidate_instances, "same", "0123456789abcdef")
+    async with Elector(LOCK, redis=redis_url, identity="same", ttl_s=TTL_S) as again:
+        await again.wait_for_leadership(timeout=10)
+        assert not again.status().identity_clash
     assert warnings(caplog) == []

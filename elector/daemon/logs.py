@@ -20,7 +20,7 @@ import structlog
 import structlog.tracebacks
 from structlog.typing import EventDict, Processor, WrappedLogger
 
-from elector.election.clash import QUIET_TTLS, ClashEpisodes
+from elector.election.clash import ClashEpisodes
 from elector.election.outcome import CycleOutcome, OutcomeKind
 from elector.lease import Holder
 
@@ -222,9 +222,7 @@ class OutcomeLogger:
     ) -> None:
         self._log = logger
         self._lease_key = lease_key
-        self._clashes = (
-            None if identity is None else ClashEpisodes(identity=identity, quiet_s=QUIET_TTLS * ttl_s)
-        )
+        self._clashes = None if identity is None else ClashEpisodes(identity=identity, ttl_s=ttl_s)
         self._foreign_value_seen = False
         self._backend_failing_since: float | None = None
         self._in_quiet_period = False

@@ -15,7 +15,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 
-from elector.election.clash import QUIET_TTLS, ClashEpisodes
+from elector.election.clash import ClashEpisodes
 from elector.election.hooks import ElectionHooks
 from elector.election.outcome import CycleOutcome, State, StepDownReason
 from elector.election.timing import ElectionTiming
@@ -80,7 +80,7 @@ class ElectionCore:
         self._backend_up = False
         self._failures_in_a_row = 0
         #: Episodes of another live process reporting our identity, for the status.
-        self._clashes = ClashEpisodes(identity=identity, quiet_s=QUIET_TTLS * timing.ttl_s)
+        self._clashes = ClashEpisodes(identity=identity, ttl_s=timing.ttl_s)
         self._last_attempt_at: float | None = None
         self._highest_token_seen = 0
         self._token_regressed_from: int | None = None
