@@ -203,7 +203,7 @@ class Elector:
         self._term_started = asyncio.Event()  # set while a term is active, and once closing
         self._closing = False
         self._closed = asyncio.Event()
-        self._log = ElectionLog(lock=self.lock, identity=self.identity)
+        self._log = ElectionLog(lock=self.lock, identity=self.identity, ttl_s=self.timing.ttl_s)
         #: Bodies (and the stop callback) of ended terms that outlived stop_work_s, still running.
         self._late_work = LateWork(lock=self.lock, identity=self.identity)
 

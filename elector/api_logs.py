@@ -7,7 +7,9 @@ Logger `elector.api` (structlog's stdlib integration picks the `extra` fields up
   in between, one WARNING for each new kind of error (a timeout, then data that blocks the lock);
 * INFO for each transition (leading, released, stepped down, release withheld: ERROR) with the
   lock, our identity and the fencing token;
-* WARNING when another live candidate of the lock reports our identity;
+* WARNING, once per episode, when another live process reports our identity for the lock
+  (it holds the lock under our identity, or the candidate registry saw it register as us:
+  even when neither leads); a new warning only after three ttl without a sign of it;
 * nothing else on the happy path: renewals and followers' looks are silent.
 """
 
@@ -19,6 +21,7 @@ import weakref
 from prometheus_client import CollectorRegistry, Gauge
 
 from elector.election import CycleOutcome, OutcomeKind, State, error_cause
+from elector.election.clash import ClashEpisodes
 
 logger = logging.getLogger("elector.api")
 
@@ -45,16 +48,16 @@ def waiting_for_own_work_gauge(registry: CollectorRegistry) -> Gauge:
 class ElectionLog:
     """Turns an Elector's outcomes into the few log lines a user needs; remembers Redis's state."""
 
-    def __init__(self, *, lock: str, identity: str) -> None:
+    def __init__(self, *, lock: str, identity: str, ttl_s: float) -> None:
         self._lock = lock
         self._identity = identity
         #: None until the first answer or failure; then whether the last request was answered.
         self.redis_up: bool | None = None
         self.redis_reached = False
         self.last_error: str | None = None
-        self._duplicate_warned = False
-        #: The error kinds said at WARNING in the current outage.
-        self._kinds_warned: set[str | None] = set()
+        #: The error causes said at WARNING in the current outage.
+        self._kinds_warned: set[str] = set()
+        self._clashes = ClashEpisodes(identity=identity, ttl_s=ttl_s)
         self._token: int | None = None  # of our current (or last) term
 
     def observe(self, outcome: CycleOutcome) -> None:
@@ -84,24 +87,24 @@ class ElectionLog:
             if self.redis_up is False:
                 logger.info("lock %r: Redis answers again", self._lock, extra=extra)
             self.redis_up = self.redis_reached = True
-        holder = outcome.holder
-        if (
-            outcome.kind is OutcomeKind.HELD
-            and holder is not None
-            and holder.identity == self._identity
-            and not self._duplicate_warned
-        ):
-            self._duplicate_warned = True
-            logger.warning(
-                "lock %r: another live candidate holds it under our identity %r (fencing token %s): "
-                "give each process its own identity (the default is unique)",
-                self._lock,
-                self._identity,
-                holder.fencing_token,
-                extra=extra,
-            )
+        if self._clashes.observe(outcome):
+            self._warn_clash(outcome, extra)
         if outcome.is_transition:
             self._transition(outcome, extra)
+
+    def _warn_clash(self, outcome: CycleOutcome, extra: dict[str, object]) -> None:
+        holder = outcome.holder
+        if outcome.kind is OutcomeKind.HELD and holder is not None and holder.identity == self._identity:
+            seen = f"holds it under our identity {self._identity!r} (fencing token {holder.fencing_token})"
+        else:
+            seen = f"registered as a candidate under our identity {self._identity!r}"
+        logger.warning(
+            "lock %r: another live process %s: give each process its own identity (the default, "
+            "host-pid-random, is unique; a chosen one must differ per process)",
+            self._lock,
+            seen,
+            extra={**extra, "identity_clash": True},
+        )
 
     def _transition(self, outcome: CycleOutcome, extra: dict[str, object]) -> None:
         if outcome.kind is OutcomeKind.ACQUIRED and outcome.holder is not None:

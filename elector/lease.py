@@ -81,6 +81,11 @@ class Granted:
     """Acquire result: the lock was free and is now ours."""
 
     lease: Lease
+    #: Set when our identity's live candidate entry was last registered by another instance
+    #: (another Elector or daemon election, found by its nonce): two live processes report one
+    #: identity. Never set on an instance's first registration, whose entry may be a restarted
+    #: predecessor's (it lives on for 3 ttl), nor for an older daemon's entry (no nonce).
+    identity_clash: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -93,6 +98,8 @@ class Held:
 
     holder: Holder | None
     remaining_ms: int | None
+    #: See `Granted.identity_clash`.
+    identity_clash: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -100,6 +107,8 @@ class QuietPeriod:
     """Acquire result: no grants until `remaining_ms` passes (the backend lost its data)."""
 
     remaining_ms: int
+    #: See `Granted.identity_clash`.
+    identity_clash: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -107,6 +116,8 @@ class StandBack:
     """Acquire result: a handoff is in progress and this candidate is not the one it goes to."""
 
     handoff: Handoff
+    #: See `Granted.identity_clash`.
+    identity_clash: bool = False
 
 
 AcquireResult = Granted | Held | QuietPeriod | StandBack
@@ -123,6 +134,8 @@ class Renewed:
 
     handoff: Handoff | None = None
     best_rival: Candidate | None = None
+    #: See `Granted.identity_clash`.
+    identity_clash: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -131,6 +144,8 @@ class Lost:
 
     holder: Holder | None
     remaining_ms: int | None
+    #: See `Granted.identity_clash`.
+    identity_clash: bool = False
 
 
 RenewResult = Renewed | Lost

@@ -107,7 +107,7 @@ class _StatusCollector(_StatusProviders):
     """Computes the gauges of every plugged-in lock from its status snapshot, at scrape time."""
 
     def collect(self) -> Iterator[Metric]:
-        is_leader, remaining, fencing, info, redis_up = families = self._families()
+        is_leader, remaining, fencing, info, redis_up, clash = families = self._families()
         # A copy: a lock may be added or removed by another thread while a scrape runs.
         for lock, provider in list(self._providers.items()):
             status = provider()
@@ -117,11 +117,17 @@ class _StatusCollector(_StatusProviders):
             if status.holder is not None:
                 info.add_metric([lock, status.holder.identity], 1.0)
             redis_up.add_metric([lock], 1.0 if status.backend_up else 0.0)
+            clash.add_metric([lock], 1.0 if status.identity_clash else 0.0)
         yield from families
 
     @staticmethod
     def _families() -> tuple[
-        GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+        GaugeMetricFamily,
     ]:
         return (
             GaugeMetricFamily(
@@ -152,6 +158,12 @@ class _StatusCollector(_StatusProviders):
                 "1 when the last exchange with Redis succeeded, else 0.",
                 labels=["lock"],
             ),
+            GaugeMetricFamily(
+                "elector_identity_clash",
+                "1 while another live process reports this process's identity for the lock (seen "
+                "within the last 3 ttl), else 0: give each process its own identity.",
+                labels=["lock"],
+            ),
         )
 
 
@@ -159,20 +171,22 @@ class _LockCountCollector(_StatusProviders):
     """Aggregate mode's gauges: how many locks are managed, led, and without Redis, at scrape time."""
 
     def collect(self) -> Iterator[Metric]:
-        managed, leading, redis_down = families = self._families()
-        led = down = 0
+        managed, leading, redis_down, clashing = families = self._families()
+        led = down = clashes = 0
         providers = list(self._providers.values())  # a copy, as in _StatusCollector
         for provider in providers:
             status = provider()
             led += status.is_leader
             down += not status.backend_up
+            clashes += status.identity_clash
         managed.add_metric([], float(len(providers)))
         leading.add_metric([], float(led))
         redis_down.add_metric([], float(down))
+        clashing.add_metric([], float(clashes))
         yield from families
 
     @staticmethod
-    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
         return (
             GaugeMetricFamily("elector_locks", "Locks this process contends for (aggregate metrics mode)."),
             GaugeMetricFamily(
@@ -184,6 +198,11 @@ class _LockCountCollector(_StatusProviders):
                 "elector_locks_redis_down",
                 "Locks whose last exchange with Redis failed (aggregate metrics mode; per lock: "
                 "elector_redis_up == 0).",
+            ),
+            GaugeMetricFamily(
+                "elector_locks_identity_clash",
+                "Locks for which another live process reports this process's identity (aggregate "
+                "metrics mode; per lock: elector_identity_clash).",
             ),
         )
 

@@ -18,7 +18,7 @@ def _failure(kind: str, *, at: float) -> CycleOutcome:
 
 def test_each_new_kind_of_error_in_an_outage_is_one_warning(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="elector")
-    log = ElectionLog(lock="jobs", identity="a")
+    log = ElectionLog(lock="jobs", identity="a", ttl_s=10.0)
     for at, kind in [(1.0, "timeout"), (2.0, "data"), (3.0, "data"), (4.0, "connection")]:
         log.observe(_failure(kind, at=at))
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]

@@ -86,6 +86,10 @@ def test_gauges_follow_the_status_at_scrape_time(registry: CollectorRegistry) ->
     assert value(registry, "elector_fencing_token") == 8  # the holder's
     assert value(registry, "elector_leader_info", holder="pod-b") == 1
     assert value(registry, "elector_redis_up") == 1
+    assert value(registry, "elector_identity_clash") == 0
+    status.set(identity_clash=True)
+    assert value(registry, "elector_identity_clash") == 1
+    status.set(identity_clash=False)
 
     status.set(state=State.LEADER, is_leader=True, holder=ME, fencing_token=7, lease_remaining_s=9.0)
     assert value(registry, "elector_is_leader") == 1

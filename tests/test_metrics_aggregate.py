@@ -62,6 +62,9 @@ def test_aggregate_gauges_count_locks_led_and_without_redis_at_scrape_time() -> 
     assert registry.get_sample_value("elector_locks", {}) == 3
     assert registry.get_sample_value("elector_locks_leading", {}) == 1
     assert registry.get_sample_value("elector_locks_redis_down", {}) == 1
+    assert registry.get_sample_value("elector_locks_identity_clash", {}) == 0
+    down.set(identity_clash=True)
+    assert registry.get_sample_value("elector_locks_identity_clash", {}) == 1
     following.set(is_leader=True, state=State.LEADER)
     assert registry.get_sample_value("elector_locks_leading", {}) == 2
 

@@ -92,6 +92,12 @@ class RedisLeaseBackend:
         #: in use and the highest fencing token.
         self._ttls = protocol.TtlMemory()
         self._highest_token = 0
+        #: This instance's nonce in the candidate registry (lua/lease.py): another live process
+        #: registering our identity under another nonce is a clash (`Granted.identity_clash`).
+        self.nonce = secrets.token_hex(8)
+        #: Whether a registration of ours was answered: the first one's clash is not reported,
+        #: since the entry it finds may be a restarted predecessor's (it lives on for 3 ttl).
+        self._registered = False
 
     @property
     def lock(self) -> str:
@@ -161,6 +167,7 @@ class RedisLeaseBackend:
                         self.keys.candidate_expiry,
                         self.keys.handoff,
                         self.keys.meta,
+                        self.keys.candidate_instances,
                     ],
                     args=[
                         candidates.encode_identity(identity),
@@ -170,6 +177,7 @@ class RedisLeaseBackend:
                         priority,
                         self._ttls.longest_ms(),
                         self._highest_token,
+                        self.nonce,
                     ],
                     batch_form=batch_scripts.ACQUIRE_BATCH,
                 ),
@@ -186,6 +194,7 @@ class RedisLeaseBackend:
                     "acquire: " + self._unknown_protocol(f"the meta hash {self.keys.meta}", reply[1]),
                     kind=BackendErrorKind.DATA,
                 )
+            clash = self._clash(reply, 3)
             if code == 1:
                 fencing_token, value = int(reply[1]), bytes(reply[2]).decode("utf-8")
                 self._saw_token(fencing_token)
@@ -200,18 +209,26 @@ class RedisLeaseBackend:
                     await self._release_unacknowledged(
                         lease, owner_token=owner_token, acked=acked, ack=self._replica_ack
                     )
-                return Granted(lease=lease)
+                return Granted(lease=lease, identity_clash=clash)
             if code == 0:
-                return self._held(bytes(reply[1]), int(reply[2]))
+                return self._held(bytes(reply[1]), int(reply[2]), identity_clash=clash)
             if code == 2:
-                return QuietPeriod(remaining_ms=max(0, int(reply[2])))
+                return QuietPeriod(remaining_ms=max(0, int(reply[2])), identity_clash=clash)
             if code == 3:
-                return StandBack(handoff=candidates.parse_handoff(reply[1], reply[2], what="acquire"))
+                handoff = candidates.parse_handoff(reply[1], reply[2], what="acquire")
+                return StandBack(handoff=handoff, identity_clash=clash)
         except (IndexError, TypeError, ValueError) as exc:
             raise translate_error(exc, what="acquire") from exc
         raise LeaseBackendError(f"acquire: unexpected reply code {code}", kind=BackendErrorKind.DATA)
 
-    def _held(self, raw: bytes, pttl: int) -> Held:
+    def _clash(self, reply: Any, index: int) -> bool:
+        """The clash flag at `reply[index]` (0 when the reply has none), as reported: never on
+        this instance's first answered registration (see `_registered`)."""
+        clash = len(reply) > index and bool(int(reply[index])) and self._registered
+        self._registered = True
+        return clash
+
+    def _held(self, raw: bytes, pttl: int, *, identity_clash: bool = False) -> Held:
         """Held, after checking the value's protocol and noting its token and ttl."""
         version = protocol.lease_version(raw)
         if version not in protocol.KNOWN_LEASE_VERSIONS:
@@ -230,7 +247,7 @@ class RedisLeaseBackend:
             ttl_ms = protocol.lease_ttl_ms(raw) or (pttl if pttl > 0 else None)
             if ttl_ms is not None:
                 self._ttls.note(min(ttl_ms, protocol.MAX_TTL_MS))
-        return Held(holder=holder, remaining_ms=remaining_ms(pttl))
+        return Held(holder=holder, remaining_ms=remaining_ms(pttl), identity_clash=identity_clash)
 
     def _saw_token(self, token: int) -> None:
         if 0 <= token < 10**15:
@@ -249,25 +266,28 @@ class RedisLeaseBackend:
             self.keys.candidate_expiry,
             self.keys.handoff,
             self.keys.meta,
+            self.keys.candidate_instances,
         ]
         identity = candidates.encode_identity(lease.identity)
-        args: list[str | int] = [lease.value, lease.ttl_ms, identity, priority]
+        args: list[str | int] = [lease.value, lease.ttl_ms, identity, priority, self.nonce]
         reply, acked = await self._call(
             "renew",
             lambda: self._run_acked(self._renew, keys=keys, args=args, batch_form=batch_scripts.RENEW_BATCH),
         )
         if reply == batch_scripts.RENEWED:  # the batch form's plain renewal (lua/batch.py)
-            reply = [1, b"", 0, b"", 0, 0]
+            reply = [1, b"", 0, b"", 0, 0, 0]
         try:
             if int(reply[0]) == 1:
+                clash = self._clash(reply, 6)
                 if acked is not None and self._replica_ack is not None and acked < self._replica_ack.replicas:
                     raise ReplicationAckError("renew", acked=acked, ack=self._replica_ack)
                 handoff, rival = candidates.parse_renewed(reply)
-                return Renewed(handoff=handoff, best_rival=rival)
+                return Renewed(handoff=handoff, best_rival=rival, identity_clash=clash)
+            clash = self._clash(reply, 3)
             holder = parse_holder(bytes(reply[1]))
             if holder is not None:
                 self._saw_token(holder.fencing_token)
-            return Lost(holder=holder, remaining_ms=remaining_ms(int(reply[2])))
+            return Lost(holder=holder, remaining_ms=remaining_ms(int(reply[2])), identity_clash=clash)
         except (IndexError, TypeError, ValueError) as exc:
             raise translate_error(exc, what="renew") from exc
 
@@ -308,13 +328,13 @@ class RedisLeaseBackend:
             raise translate_error(exc, what="release") from exc
 
     async def withdraw(self, identity: str) -> None:
-        keys = [self.keys.candidates, self.keys.candidate_expiry]
+        keys = [self.keys.candidates, self.keys.candidate_expiry, self.keys.candidate_instances]
         args = [candidates.encode_identity(identity)]
         await self._call("withdraw", lambda: self._run(self._withdraw, keys=keys, args=args))
 
     async def candidates(self) -> list[Candidate]:
         """The live registered candidates, by priority (highest first) then identity."""
-        keys = [self.keys.candidates, self.keys.candidate_expiry]
+        keys = [self.keys.candidates, self.keys.candidate_expiry, self.keys.candidate_instances]
         reply: Any = await self._call("candidates", lambda: self._run(self._candidates, keys=keys, args=[]))
         return candidates.parse_candidates(reply)
 

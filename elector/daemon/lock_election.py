@@ -90,7 +90,12 @@ class LockElection:
             hooks=ElectionHooks(
                 on_outcome=_fan_out(
                     self._publish_outcome,  # first: /leader and the probes learn of it at once
-                    OutcomeLogger(self.log, lease_key=lease_key),
+                    OutcomeLogger(
+                        self.log,
+                        lease_key=lease_key,
+                        identity=settings.identity,
+                        ttl_s=settings.timing.ttl_s,
+                    ),
                     self.metrics.observe,
                     self._on_outcome,
                     *([] if on_outcome is None else [on_outcome]),
@@ -287,7 +292,6 @@ class LockElection:
                 await self._flush_or_log(timeout_s=1.0)
 
 
-
 def _fan_out(
     *hooks: Callable[[CycleOutcome], None], log: structlog.stdlib.BoundLogger
 ) -> Callable[[CycleOutcome], None]:
@@ -299,8 +303,6 @@ def _fan_out(
                 log.exception("outcome_hook_failed")
 
     return call_all
-
-
 
 
 #: How often `republish` wakes, seconds, and how many locks it republishes per wake (round robin).

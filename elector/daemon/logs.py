@@ -20,6 +20,7 @@ import structlog
 import structlog.tracebacks
 from structlog.typing import EventDict, Processor, WrappedLogger
 
+from elector.election.clash import ClashEpisodes
 from elector.election.outcome import CycleOutcome, OutcomeKind, error_cause
 from elector.lease import Holder
 
@@ -203,20 +204,29 @@ class OutcomeLogger:
     """Logs cycle outcomes (an `ElectionHooks.on_outcome` hook) without flooding.
 
     One INFO line per transition; a WARNING when Redis becomes unreachable and an INFO when it
-    is back, a WARNING for each new kind of error in between, DEBUG for repeats; one INFO per
+    is back, a WARNING for each new cause of error in between, DEBUG for repeats; one INFO per
     quiet period; one INFO when another holder is seen; one WARNING when the lock is blocked by
-    a value elector did not write. Renewals and
+    a value elector did not write; with `identity`, one WARNING per episode of another live
+    process reporting that identity (clash.py; `ttl_s` sets how long one lasts). Renewals and
     `held` cycles are DEBUG only. `lease_key` (the lock's lease key in Redis) is named in the
     warning about a foreign value, so that an operator knows what to inspect or delete.
     """
 
-    def __init__(self, logger: structlog.stdlib.BoundLogger, *, lease_key: str | None = None) -> None:
+    def __init__(
+        self,
+        logger: structlog.stdlib.BoundLogger,
+        *,
+        lease_key: str | None = None,
+        identity: str | None = None,
+        ttl_s: float = 0.0,
+    ) -> None:
         self._log = logger
         self._lease_key = lease_key
+        self._clashes = None if identity is None else ClashEpisodes(identity=identity, ttl_s=ttl_s)
         self._foreign_value_seen = False
         self._backend_failing_since: float | None = None
         #: The error kinds already said at WARNING in the current outage.
-        self._failing_kinds_warned: set[str | None] = set()
+        self._failing_kinds_warned: set[str] = set()
         self._in_quiet_period = False
         # None until a first observation; then (holder,) so that "lock free" is a value too.
         self._last_holder: tuple[Holder | None] | None = None
@@ -230,6 +240,14 @@ class OutcomeLogger:
                 highest_seen=outcome.token_regressed_from,
                 hint="a grant got a lower token than an earlier one: a Redis server's clock is "
                 "behind (see docs/fencing.md); fenced writes of the new leader will be rejected",
+            )
+        if self._clashes is not None and self._clashes.observe(outcome):
+            self._log.warning(
+                "identity_clash",
+                **_holder_fields(outcome.holder) if outcome.kind is OutcomeKind.HELD else {},
+                hint="another live process reports this daemon's identity for the lock: give each "
+                "replica its own --identity (the default, $POD_NAME or the host name, differs per "
+                "pod or host, not per process on one host)",
             )
         self._track_backend(outcome)
         self._track_foreign_value(outcome)

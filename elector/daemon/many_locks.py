@@ -40,6 +40,7 @@ def start_spacing_s(locks: int, *, ttl_s: float, renew_interval_s: float) -> flo
 STOP_BATCH = 50
 STOP_BATCH_INTERVAL_S = 0.02
 
+
 class _Stoppable(Protocol):
     def stop(self) -> None: ...
 
@@ -104,5 +105,3 @@ def freeze_long_lived(*, until: float) -> None:
         loop.call_later(FREEZE_PERIOD_S, functools.partial(freeze_long_lived, until=until))
     else:  # start-up is over: steady running from here on (see MANY_LOCKS_GC_THRESHOLDS)
         gc.set_threshold(*MANY_LOCKS_GC_THRESHOLDS)
-
-

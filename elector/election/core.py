@@ -15,6 +15,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 
+from elector.election.clash import ClashEpisodes
 from elector.election.hooks import ElectionHooks
 from elector.election.outcome import CycleOutcome, State, StepDownReason
 from elector.election.timing import ElectionTiming
@@ -78,6 +79,8 @@ class ElectionCore:
         self._last_backend_ok_at: float | None = None
         self._backend_up = False
         self._failures_in_a_row = 0
+        #: Episodes of another live process reporting our identity, for the status.
+        self._clashes = ClashEpisodes(identity=identity, ttl_s=timing.ttl_s)
         self._last_attempt_at: float | None = None
         self._highest_token_seen = 0
         self._token_regressed_from: int | None = None
@@ -129,6 +132,7 @@ class ElectionCore:
         if self._token_regressed_from is not None:
             outcome = dataclasses.replace(outcome, token_regressed_from=self._token_regressed_from)
             self._token_regressed_from = None
+        self._clashes.observe(outcome)
         try:
             self._hooks.on_outcome(outcome)
         except Exception:

@@ -94,6 +94,7 @@ class Election(SteppingDown, AnnouncementListener):
             backend_up=self._backend_up,
             now=now,
             waiting_for_own_work=self._contend_held,
+            identity_clash=self._clashes.active(now),
         )
 
     # -- control -------------------------------------------------------------------------------
@@ -256,6 +257,7 @@ class Election(SteppingDown, AnnouncementListener):
                 remaining_ms=ms(valid_until - received),
                 next_cycle_at=self._next_renewal(sent, first=True),
                 valid_until=valid_until,
+                identity_clash=result.identity_clash,
             )
 
         cap = received + self._timing.ttl_s
@@ -276,6 +278,7 @@ class Election(SteppingDown, AnnouncementListener):
                 holder=result.holder,
                 remaining_ms=result.remaining_ms,
                 next_cycle_at=wake,
+                identity_clash=result.identity_clash,
             )
 
         if isinstance(result, StandBack):
@@ -290,6 +293,7 @@ class Election(SteppingDown, AnnouncementListener):
                 holder=self._holder,
                 remaining_ms=handoff.remaining_ms,
                 next_cycle_at=min(cap, sent + max(handoff.remaining_ms, 1) / 1000 + self._jitter()),
+                identity_clash=result.identity_clash,
             )
 
         assert isinstance(result, QuietPeriod)
@@ -301,6 +305,7 @@ class Election(SteppingDown, AnnouncementListener):
             duration_s=received - sent,
             remaining_ms=result.remaining_ms,
             next_cycle_at=min(cap, sent + max(result.remaining_ms, 1) / 1000 + self._jitter()),
+            identity_clash=result.identity_clash,
         )
 
     # -- leader --------------------------------------------------------------------------------
@@ -358,6 +363,7 @@ class Election(SteppingDown, AnnouncementListener):
                 at=sent,
                 duration_s=received - sent,
                 holder=result.holder,
+                identity_clash=result.identity_clash,
             )
 
         self._last_renew_sent_at = sent
@@ -371,6 +377,7 @@ class Election(SteppingDown, AnnouncementListener):
                 yield_reason,
                 at=sent,
                 duration_s=received - sent,
+                identity_clash=result.identity_clash,
             )
         return CycleOutcome(
             kind=OutcomeKind.RENEWED,
@@ -381,6 +388,7 @@ class Election(SteppingDown, AnnouncementListener):
             remaining_ms=ms(self._valid_until - received),
             next_cycle_at=self._next_renewal(sent),
             valid_until=self._valid_until,
+            identity_clash=result.identity_clash,
         )
 
     def _should_yield(

@@ -100,6 +100,10 @@ class CycleOutcome:
     #: that highest token. Tokens only grow unless a server's clock broke the ordering (see
     #: docs/fencing.md); the fence would then reject the new leader's writes.
     token_regressed_from: int | None = None
+    #: Set when this cycle's request found our identity's live candidate entry registered by
+    #: another instance (`elector.lease.Granted.identity_clash`): two live processes report
+    #: our identity, whether either leads or not. Logs warn about it; the election goes on.
+    identity_clash: bool = False
 
     @property
     def is_transition(self) -> bool:
@@ -139,3 +143,5 @@ class ElectionStatus:
     now: float
     #: Not contending because the program's own leader work of an ended term still runs.
     waiting_for_own_work: bool = False
+    #: Another live process reports our identity (an episode of clash.py is under way).
+    identity_clash: bool = False

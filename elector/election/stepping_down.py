@@ -90,6 +90,7 @@ class SteppingDown(ElectionCore):
         duration_s: float | None = None,
         holder: Holder | None = None,
         error: str | None = None,
+        identity_clash: bool = False,
     ) -> CycleOutcome:
         # After a step-down, release at once (pending) or contend again at once.
         return CycleOutcome(
@@ -101,6 +102,7 @@ class SteppingDown(ElectionCore):
             step_down_reason=reason,
             error=error,
             next_cycle_at=self._clock(),
+            identity_clash=identity_clash,
         )
 
     async def _release_cycle(self) -> CycleOutcome:

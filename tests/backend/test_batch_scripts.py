@@ -86,10 +86,11 @@ def shape(reply: Any) -> Any:
     if isinstance(reply, Exception):
         # The single script's error carries the script's sha and line; the batch's does not.
         return ("error", str(reply).split(" script: ")[0])
-    if isinstance(reply, list) and len(reply) == 6 and reply[0] == 1 and isinstance(reply[5], int):
-        # RENEW's renewed reply: its last element is the rival's "seen ms ago", a time however small
-        # (blurred by size alone, 8 ms on one side and 10 on the other differed under load).
-        return [*(shape(item) for item in reply[:5]), ("20 s bucket", reply[5] // 20_000)]
+    if isinstance(reply, list) and len(reply) == 7 and reply[0] == 1 and isinstance(reply[5], int):
+        # RENEW's renewed reply: its sixth element is the rival's "seen ms ago", a time however
+        # small (blurred by size alone, 8 ms on one side and 10 on the other differed under load);
+        # the seventh the identity clash.
+        return [*(shape(item) for item in reply[:5]), ("20 s bucket", reply[5] // 20_000), reply[6]]
     if isinstance(reply, list):
         return [shape(item) for item in reply]
     if isinstance(reply, int) and reply > 10**12:
@@ -172,14 +173,14 @@ async def test_a_batch_renew_answers_and_writes_as_the_single_script_does_lease_
     compact = await call_batch(raw, batch.RENEW_BATCH, leases(batched))
     # The plain renewal, nothing to report, is answered 1 (RENEWED); the others as they are.
     assert [i for i, reply in enumerate(compact) if reply == batch.RENEWED] == [0, 1]
-    replies = [[1, b"", 0, b"", 0, 0] if reply == batch.RENEWED else reply for reply in compact]
+    replies = [[1, b"", 0, b"", 0, 0, 0] if reply == batch.RENEWED else reply for reply in compact]
     assert shape(replies) == shape(expected)
     assert await key_states(raw, batched) == await key_states(raw, single)
     by_state = dict(zip(RENEW_STATES, replies, strict=True))
     # The rules, spelled out (the equality above already holds them to the single script's):
     assert by_state["ours"][0] == 1 and by_state["handoff-from-me"][0] == 1 and by_state["rival"][0] == 1
     assert by_state["foreign"][0] == 0 and b'"other"' in by_state["foreign"][1]  # owner check
-    assert by_state["lapsed"] == [0, b"", -2]
+    assert by_state["lapsed"] == [0, b"", -2, 0]
     assert not await raw.exists(batched[RENEW_STATES.index("lapsed")].lease)  # never re-created
     assert await raw.pttl(batched[RENEW_STATES.index("ours-long")].lease) <= TTL_MS  # replaced, not added
     assert isinstance(by_state["wrongtype"], redis.exceptions.ResponseError)
@@ -260,7 +261,8 @@ async def test_a_malformed_batch_touches_no_lease(raw) -> None:
 def test_every_batch_script_is_its_single_scripts_body_in_a_loop() -> None:
     """The rules are the single scripts' own text: nothing to keep in step by hand."""
     for single, batched in batch.BATCH_OF.items():
-        body = single.split("local function read_caller", 1)[-1].split("\nend\n", 1)[-1]
+        # The body starts after the last helper of the contenders' (lua/common.py, CALLER_LIB).
+        body = single.split("local function read_nonce", 1)[-1].split("\nend\n", 1)[-1]
         assert body.strip() in batched
         assert "local function one(KEYS, ARGV)" in batched
     with pytest.raises(ValueError, match="does not start with the Lua helpers"):

@@ -62,6 +62,10 @@ T = typing.TypeVar("T")
 TICK_S = 0.03
 ATTEMPTS = 7
 IDENTITIES = ("a", "b", "c")
+#: A second instance (its own backend, so its own nonce) that reports the identity "a".
+TWIN = "a~"
+#: Every instance a side has: one per identity, and the twin.
+INSTANCES = (*IDENTITIES, TWIN)
 LAST = "last"
 SEED_TOKEN = 1
 
@@ -73,7 +77,8 @@ Op = typing.Literal[
 @dataclasses.dataclass(frozen=True)
 class Step:
     op: Op
-    #: An identity, or LAST: the one granted most recently (the likely holder).
+    #: An instance (an identity, or TWIN: identity "a" on a backend of its own), or LAST: the
+    #: one granted most recently (the likely holder).
     who: str = "a"
     #: Whole ticks to wait before the operation.
     wait: int = 0
@@ -210,6 +215,28 @@ SCENARIOS: dict[str, list[Step]] = {
         renew("a", wait=2, priority=1),
         renew("a", wait=2, priority=1),
     ],
+    # Two live instances of identity "a" (the twin has its own nonce): each registration that
+    # finds the other's nonce on the live entry is a clash, but never an instance's first.
+    "two-instances-of-one-identity": [
+        acquire("c", ttl=3),
+        acquire("a"),
+        acquire(TWIN),  # its first registration: the entry it finds may be a predecessor's
+        acquire("a"),
+        acquire(TWIN),
+        acquire(TWIN),  # its own nonce: no clash
+        acquire("b"),
+        renew("c"),
+        withdraw("a"),  # the identity's entry and nonce go
+        acquire(TWIN),
+        release("c"),
+        acquire("a"),  # granted, and a clash: the twin registered last
+        acquire(TWIN),  # held under its own identity, and a clash
+        renew("a"),
+        renew("a"),
+        acquire("b", wait=8),  # both of a's entries lapsed meanwhile (3 ttl) ...
+        acquire(TWIN),  # ... so the twin finds none: no clash
+        acquire("a"),  # a finds the twin's live entry again: a clash
+    ],
 }
 
 
@@ -314,35 +341,39 @@ class Side:
             return ticks * tick_ms + tick_ms // 2
 
         backend = self.backends.get(step.who, self.backends["a"])
+        identity = "a" if step.who == TWIN else step.who
         lease = self.leases.get(step.who)
         if step.op == "acquire":
             result = await self.together(
-                "acquire", backend.acquire(step.who, ttl_ms=ms(step.ttl), priority=step.priority)
+                "acquire", backend.acquire(identity, ttl_ms=ms(step.ttl), priority=step.priority)
             )
+            clash = result.identity_clash
             if isinstance(result, Granted):
                 self.leases[step.who] = result.lease
                 self.last_granted = step.who
                 rank = self.tokens.granted(result.lease.fencing_token)
-                return ("granted", result.lease.identity, rank, result.lease.ttl_ms), ()
+                return ("granted", result.lease.identity, rank, result.lease.ttl_ms, clash), ()
             if isinstance(result, Held):
-                return ("held", self.holder(result.holder)), (result.remaining_ms,)
+                return ("held", self.holder(result.holder), clash), (result.remaining_ms,)
             if isinstance(result, QuietPeriod):
-                return ("quiet",), (result.remaining_ms,)
+                return ("quiet", clash), (result.remaining_ms,)
             assert isinstance(result, StandBack), result
             exact, approx = self.handoff(result.handoff)
-            return ("stand back", *exact), approx
+            return ("stand back", *exact, clash), approx
         if step.op == "renew":
             if lease is None:
                 return ("no lease",), ()
             renewed = await self.together("renew", backend.renew(lease, priority=step.priority))
+            clash = renewed.identity_clash
             if isinstance(renewed, Lost):
-                return ("lost", self.holder(renewed.holder)), (renewed.remaining_ms,)
+                return ("lost", self.holder(renewed.holder), clash), (renewed.remaining_ms,)
             assert isinstance(renewed, Renewed), renewed
             exact, approx = self.handoff(renewed.handoff)
             rival = renewed.best_rival
             if rival is None:
-                return ("renewed", exact, None), (*approx, None)
-            return ("renewed", exact, (rival.identity, rival.priority)), (*approx, rival.last_seen_ms_ago)
+                return ("renewed", exact, None, clash), (*approx, None)
+            rival_seen = (rival.identity, rival.priority)
+            return ("renewed", exact, rival_seen, clash), (*approx, rival.last_seen_ms_ago)
         if step.op in ("release", "release_handoff"):
             if lease is None:
                 return ("no lease",), ()
@@ -359,7 +390,7 @@ class Side:
                 return ("refused", exc.holder), ()
             return ("handoff", *exact), approx
         if step.op == "withdraw":
-            await backend.withdraw(step.who)
+            await backend.withdraw(identity)
             return ("withdrawn",), ()
         assert step.op == "observe", step
         seen: Observation = await backend.observe()
@@ -420,7 +451,7 @@ class Lab:
         if not new_lock:
             await seed_used_lock_async(self.raw, lock, counter=SEED_TOKEN)
         backends: dict[str, LeaseBackend] = {
-            who: RedisLeaseBackend(self.client, lock=lock, batcher=batcher) for who in IDENTITIES
+            who: RedisLeaseBackend(self.client, lock=lock, batcher=batcher) for who in INSTANCES
         }
         watcher = RedisLeaseBackend(self.client, lock=lock)
 
@@ -455,7 +486,7 @@ class Lab:
         store = FakeStore(clock=clock, new_lock=new_lock)
         if not new_lock:
             store.counter = SEED_TOKEN
-        backends: dict[str, LeaseBackend] = {who: FakeBackend(store) for who in IDENTITIES}
+        backends: dict[str, LeaseBackend] = {who: FakeBackend(store) for who in INSTANCES}
 
         async def request(to: str | None, window_ms: int) -> Handoff | None:
             return store.request_handoff(to=to, window_s=window_ms / 1000)

@@ -310,3 +310,33 @@ def test_new_leader_observed_on_holder_changes(output: Output, outcome_logger: O
         (None, None),
     ]
     assert all(line["level"] == "info" for line in observed)
+
+
+def test_an_identity_clash_is_one_warning_per_episode(output: Output) -> None:
+    """Another live process under our identity: one WARNING when it starts (the registry's flag,
+    or a lease under our identity renewed beyond its ttl), none while it goes on, another after
+    3 ttl without one."""
+    log = OutcomeLogger(make_logger("elector.test.outcomes", context=context), identity="pod-a", ttl_s=1.0)
+    log(outcome(OutcomeKind.HELD, holder=OTHER, at=1.0))
+    log(outcome(OutcomeKind.HELD, holder=OTHER, at=2.0, identity_clash=True))
+    log(outcome(OutcomeKind.HELD, holder=OTHER, at=3.0))
+    log(outcome(OutcomeKind.HELD, holder=OTHER, at=4.5, identity_clash=True))  # the same episode
+    assert output.events("warning") == ["identity_clash"]
+    log(outcome(OutcomeKind.HELD, holder=OTHER, at=8.0))  # over 3 ttl without one: it ended
+    # A lease under our identity may be a dead predecessor's (a restart under its identity): a
+    # sign only once it outlived 1.5 ttl under one token, since only a live process renews it.
+    log(outcome(OutcomeKind.HELD, holder=ME, at=9.0))
+    log(outcome(OutcomeKind.HELD, holder=Holder("pod-a", 9), at=10.0))  # another term: starts over
+    log(outcome(OutcomeKind.HELD, holder=Holder("pod-a", 9), at=11.0))
+    assert output.events("warning") == ["identity_clash"]
+    log(outcome(OutcomeKind.HELD, holder=Holder("pod-a", 9), at=11.6))
+    warnings = [line for line in output.lines() if line["level"] == "warning"]
+    assert [line["event"] for line in warnings] == ["identity_clash"] * 2
+    assert warnings[0]["lock"] == "jobs" and warnings[0]["identity"] == "pod-a"
+    assert "--identity" in warnings[0]["hint"]
+    assert warnings[1]["holder"] == "pod-a" and warnings[1]["holder_fencing_token"] == 9
+
+
+def test_without_an_identity_clashes_are_not_tracked(output: Output, outcome_logger: OutcomeLogger) -> None:
+    outcome_logger(outcome(OutcomeKind.HELD, holder=ME, identity_clash=True))
+    assert output.events("warning") == []

@@ -21,6 +21,7 @@ import asyncio
 import collections
 import dataclasses
 import itertools
+import secrets
 from collections.abc import Callable
 
 from elector.backend import HandoffRefusedError
@@ -98,13 +99,28 @@ class FakeStore:
         self._tokens = itertools.count(1)
         #: identity -> its entry; entries lapse after 3 ttl, as in Redis.
         self.candidates: dict[str, CandidateEntry] = {}
+        #: identity -> the nonce of the backend (instance) that registered it last.
+        self.instances: dict[str, str] = {}
         #: (from, to, until) of a handoff in progress.
         self.handoff: tuple[str, str | None, float] | None = None
 
-    def register(self, identity: str, *, priority: int, ttl_ms: int) -> None:
+    def register(self, identity: str, *, priority: int, ttl_ms: int, nonce: str | None = None) -> bool:
+        """Refresh `identity`'s entry; whether its live entry was another instance's (a clash)."""
+        entry = self.candidates.get(identity)
+        stored = self.instances.get(identity)
+        clash = (
+            nonce is not None
+            and entry is not None
+            and entry.until > self.now
+            and stored is not None
+            and stored != nonce
+        )
         self.candidates[identity] = CandidateEntry(
             priority=priority, seen_at=self.now, until=self.now + 3 * ttl_ms / 1000
         )
+        if nonce is not None:
+            self.instances[identity] = nonce
+        return clash
 
     def live_candidates(self) -> dict[str, int]:
         return {name: entry.priority for name, entry in self.candidates.items() if entry.until > self.now}
@@ -181,6 +197,15 @@ class FakeBackend:
         self.fail_with: LeaseBackendError | None = None
         self.hang = False
         self.requests: collections.Counter[str] = collections.Counter()
+        #: This instance's nonce in the registry, and whether a registration of ours was answered
+        #: (the first one's clash is not reported), as RedisLeaseBackend.
+        self.nonce = secrets.token_hex(8)
+        self._registered = False
+
+    def _register(self, identity: str, *, priority: int, ttl_ms: int) -> bool:
+        clash = self.store.register(identity, priority=priority, ttl_ms=ttl_ms, nonce=self.nonce)
+        clash, self._registered = clash and self._registered, True
+        return clash
 
     @property
     def lock(self) -> str:
@@ -200,23 +225,24 @@ class FakeBackend:
         check_priority(priority, what="acquire")
         await self._request("acquire")
         store = self.store
-        store.register(identity, priority=priority, ttl_ms=ttl_ms)
+        clash = self._register(identity, priority=priority, ttl_ms=ttl_ms)
         current = store.current()
         if current is not None:
-            return Held(holder=current.holder, remaining_ms=store.remaining_ms(current.expires_at))
+            remaining = store.remaining_ms(current.expires_at)
+            return Held(holder=current.holder, remaining_ms=remaining, identity_clash=clash)
         if store.quiet_until > store.now:
-            return QuietPeriod(remaining_ms=store.remaining_ms(store.quiet_until))
+            return QuietPeriod(remaining_ms=store.remaining_ms(store.quiet_until), identity_clash=clash)
         if store.counter_missing:
             # No counter: whatever was granted before may still be believed. The next token is
             # taken from "the clock" (above every earlier one) and nobody is granted for a ttl.
             store.counter_missing = False
             store.counter += 1
             store.quiet_until = store.now + ttl_ms / 1000
-            return QuietPeriod(remaining_ms=ttl_ms)
+            return QuietPeriod(remaining_ms=ttl_ms, identity_clash=clash)
         handoff = store.current_handoff()
         if handoff is not None:
             if identity == handoff.from_identity or handoff.to_identity not in (None, identity):
-                return StandBack(handoff=handoff)
+                return StandBack(handoff=handoff, identity_clash=clash)
             store.handoff = None
         store.counter += 1
         value = f"{identity}/{next(store._tokens)}"
@@ -225,23 +251,25 @@ class FakeBackend:
         )
         store.lease = StoredLease(value=value, holder=lease.holder, expires_at=store.now + ttl_ms / 1000)
         store.publish(LeaseEventKind.ACQUIRED, lease.holder)
-        return Granted(lease=lease)
+        return Granted(lease=lease, identity_clash=clash)
 
     async def renew(self, lease: Lease, *, priority: int = 0) -> RenewResult:
         check_priority(priority, what="renew")
         await self._request("renew")
         store = self.store
-        store.register(lease.identity, priority=priority, ttl_ms=lease.ttl_ms)
+        clash = self._register(lease.identity, priority=priority, ttl_ms=lease.ttl_ms)
         current = store.current()
         if current is None or current.value != lease.value:
             if current is None:
-                return Lost(holder=None, remaining_ms=None)
-            return Lost(holder=current.holder, remaining_ms=store.remaining_ms(current.expires_at))
+                return Lost(holder=None, remaining_ms=None, identity_clash=clash)
+            remaining = store.remaining_ms(current.expires_at)
+            return Lost(holder=current.holder, remaining_ms=remaining, identity_clash=clash)
         current.expires_at = store.now + lease.ttl_ms / 1000
         handoff = store.current_handoff()
         if handoff is not None and handoff.from_identity != lease.identity:
             handoff = None
-        return Renewed(handoff=handoff, best_rival=store.best_rival(lease.identity, ttl_ms=lease.ttl_ms))
+        rival = store.best_rival(lease.identity, ttl_ms=lease.ttl_ms)
+        return Renewed(handoff=handoff, best_rival=rival, identity_clash=clash)
 
     async def release(
         self, lease: Lease, *, handoff_to: str | None = None, handoff_window_ms: int = 0
@@ -261,6 +289,7 @@ class FakeBackend:
     async def withdraw(self, identity: str) -> None:
         await self._request("withdraw")
         self.store.candidates.pop(identity, None)
+        self.store.instances.pop(identity, None)
 
     async def observe(self) -> Observation:
         await self._request("observe")

@@ -38,15 +38,15 @@ from __future__ import annotations
 
 from elector.backend import protocol
 from elector.backend.lua import lease
-from elector.backend.lua.common import LIB
+from elector.backend.lua.common import CALLER_LIB, LIB
 
 __all__ = ["ACQUIRE_BATCH", "BATCH_OF", "RELEASE_BATCH", "RENEWED", "RENEW_BATCH", "body_of"]
 
-#: RENEW_BATCH's reply for a renewal with nothing to report: RENEW's {1, '', 0, '', 0, 0}.
+#: RENEW_BATCH's reply for a renewal with nothing to report: RENEW's {1, '', 0, '', 0, 0, 0}.
 RENEWED = 1
 
 #: The Lua helpers ACQUIRE and RENEW are prefixed with (lease.py), before their body.
-_CONTENDER_PREFIX = LIB + protocol.META_LIB + lease._CALLER_LIB
+_CONTENDER_PREFIX = LIB + protocol.META_LIB + CALLER_LIB
 
 
 def body_of(script: str, *, prefix: str) -> str:
@@ -97,11 +97,13 @@ return replies
 #: `compact(reply)` of a batch whose replies go as they are.
 _AS_THEY_ARE = "local function compact(reply)\n  return reply\nend\n"
 
-#: `compact(reply)` of RENEW_BATCH: the plain renewal (nothing to report: no handoff, no rival),
+#: `compact(reply)` of RENEW_BATCH: the plain renewal (nothing to report: no handoff, no rival,
+#: no identity clash),
 #: by far the most common reply, is the integer 1 instead of a six-element array, so the client
 #: parses one element per lease instead of seven (most of a batched renewal's client CPU).
 _RENEWED_AS_ONE = """local function compact(reply)
-  if type(reply) == 'table' and reply[1] == 1 and reply[2] == '' and reply[4] == '' then
+  if type(reply) == 'table' and reply[1] == 1 and reply[2] == '' and reply[4] == ''
+      and (reply[7] or 0) == 0 then
     return 1
   end
   return reply
@@ -113,14 +115,14 @@ def _batch(helpers: str, body: str, *, compact: str = _AS_THEY_ARE) -> str:
     return helpers + compact + "local function one(KEYS, ARGV)\n" + body + "\nend\n" + _LOOP
 
 
-#: ACQUIRE (lease.py) for many locks: per lease the keys and arguments of ACQUIRE (8 keys, 7
-#: arguments), per lease its reply ({1, token, value} granted, {0, ..} held, {2, ..} quiet period,
+#: ACQUIRE (lease.py) for many locks: per lease the keys and arguments of ACQUIRE (8 or 9 keys, 7
+#: or 8 arguments), per lease its reply ({1, token, value} granted, {0, ..} held, {2, ..} quiet period,
 #: {3, ..} stand back, {4, ..} unknown protocol, or an error).
 ACQUIRE_BATCH = _batch(_CONTENDER_PREFIX, body_of(lease.ACQUIRE, prefix=_CONTENDER_PREFIX))
 
-#: RENEW (lease.py) for many locks: per lease the keys and arguments of RENEW (5 keys, 4
-#: arguments), per lease its reply ({1, ..} renewed, {0, value, pttl} lost, or an error), except
-#: that a renewal with nothing to report ({1, '', 0, '', 0, 0}) is answered 1 (`RENEWED`).
+#: RENEW (lease.py) for many locks: per lease the keys and arguments of RENEW (5 or 6 keys, 4 or 5
+#: arguments), per lease its reply ({1, ..} renewed, {0, value, pttl, clash} lost, or an error),
+#: except that a renewal with nothing to report ({1, '', 0, '', 0, 0, 0}) is answered 1 (`RENEWED`).
 RENEW_BATCH = _batch(
     _CONTENDER_PREFIX, body_of(lease.RENEW, prefix=_CONTENDER_PREFIX), compact=_RENEWED_AS_ONE
 )

@@ -19,12 +19,16 @@ A release that starts a handoff adds `"to":"<target>"`; `elector handoff` publis
 
 Candidates (replicas contending for the lock, with a priority) are a hash
     identity -> {"priority":<n>,"seen_ms":<server time of the last refresh>}
-plus a sorted set identity -> expiry (server ms). Every acquire attempt and every renewal
-refreshes the caller's entry in the same script (no extra round trip); entries lapse after
-3 ttl. Each script that touches the registry first removes at most PRUNE_LIMIT lapsed entries
-(bounded work per call), and new identities are not registered beyond MAX_CANDIDATES (grants
-still work). Registry writes are best effort (pcall): a registry key of the wrong type, written
-by someone else, must never block an election.
+plus a sorted set identity -> expiry (server ms), plus a hash identity -> the nonce (hex) of the
+instance (one Elector, one lock election of a daemon) that registered it last: a registration
+that finds its identity's live entry registered by another nonce answers a clash (two live
+processes report one identity). Older daemons neither write nor read the instances hash, and the
+entries hash keeps its exact format (their strict pattern still matches). Every acquire
+attempt and every renewal refreshes the caller's entry in the same script (no extra round
+trip); entries lapse after 3 ttl. Each script that touches the registry first removes at
+most PRUNE_LIMIT lapsed entries (bounded work per call), and new identities are not registered
+beyond MAX_CANDIDATES (grants still work). Registry writes are best effort (pcall): a registry
+key of the wrong type, written by someone else, must never block an election.
 
 A handoff in progress is the string key
     {"from":"<holder>","to":"<target>"|null}   with PX = the window
@@ -35,6 +39,7 @@ A handoff key that is unparsable, of another type, or without an expiry is ignor
 from __future__ import annotations
 
 from elector.backend import protocol
+from elector.backend.lua.common import CALLER_LIB as _CALLER_LIB
 from elector.backend.lua.common import LIB as _LIB
 from elector.backend.lua.common import MAX_CANDIDATES, MAX_HANDOFF_BYTES, PRUNE_LIMIT
 from elector.backend.lua.lost_data import DATA_LIB
@@ -53,31 +58,11 @@ __all__ = [
     "LockKeys",
 ]
 
-#: Lua helper of the two scripts a contender calls with its ttl, priority and identity (ACQUIRE,
-#: RENEW): read_caller(ttl, priority, identity) checks the three arguments and returns
-#: {ttl=, priority=, me=}, or nil and the error reply to return (prepended after _LIB, whose
-#: decode_identity it uses; not a script).
-_CALLER_LIB = """local function read_caller(ttl_arg, priority_arg, identity_arg)
-  local ttl = tonumber(ttl_arg)
-  if not ttl or ttl <= 0 or ttl ~= math.floor(ttl) then
-    return nil, redis.error_reply('ERR elector: ttl must be a positive integer of milliseconds')
-  end
-  local priority = tonumber(priority_arg)
-  if not priority or priority ~= math.floor(priority) or math.abs(priority) > 1e9 then
-    return nil, redis.error_reply('ERR elector: priority must be an integer between -10^9 and 10^9')
-  end
-  local me = decode_identity(identity_arg)
-  if not me then
-    return nil, redis.error_reply('ERR elector: identity must be a JSON string')
-  end
-  return {ttl = ttl, priority = priority, me = me}
-end
-"""
-
 #: Acquire: grant the lock if free, else say who holds it and for how long.
 #:
 #: KEYS[1] lease key, KEYS[2] fencing counter key, KEYS[3] quiet-period key, KEYS[4] server key,
-#: KEYS[5] candidates hash, KEYS[6] candidate expiry zset, KEYS[7] handoff key, KEYS[8] meta hash
+#: KEYS[5] candidates hash, KEYS[6] candidate expiry zset, KEYS[7] handoff key, KEYS[8] meta hash,
+#: KEYS[9] (optional) candidate instances hash
 #: ARGV[1] identity, JSON-encoded (a JSON string literal, quotes included)
 #: ARGV[2] secret owner token (hex, no quotes or backslashes)
 #: ARGV[3] ttl in milliseconds (positive integer)
@@ -85,16 +70,21 @@ end
 #: ARGV[5] the candidate's priority (integer, |priority| <= 10^9)
 #: ARGV[6] the longest ttl (ms) this contender has seen in use on the lock, 0 for none
 #: ARGV[7] the highest fencing token this contender has observed, 0 for none (< 10^15)
+#: ARGV[8] (optional, with KEYS[9]) this instance's nonce (hex), "" or absent for none
 #: Returns one of
-#:   {1, fencing_token, value}   granted: the new lease value, expiring in ttl
-#:   {0, holder_value, pttl}     held by someone else; pttl -1 when the key has no expiry
-#:   {2, "", pttl}               quiet period: no grants for pttl ms
-#:   {3, handoff_json, pttl}     stand back: a handoff (normalised JSON, see above) excludes us
-#:                               for pttl ms
-#:   {4, version, -1}            the meta hash is from a protocol this script does not speak:
-#:                               nothing was written (the caller treats the lock as held)
+#:   {1, fencing_token, value, clash}   granted: the new lease value, expiring in ttl
+#:   {0, holder_value, pttl, clash}     held by someone else; pttl -1 when the key has no expiry
+#:   {2, "", pttl, clash}               quiet period: no grants for pttl ms
+#:   {3, handoff_json, pttl, clash}     stand back: a handoff (normalised JSON, see above)
+#:                                      excludes us for pttl ms
+#:   {4, version, -1}                   the meta hash is from a protocol this script does not
+#:                                      speak: nothing was written (the caller treats the lock as held)
+#: `clash` (1 or 0; appended last, so the elements before it are where they were) is 1 when our
+#: identity's live candidate entry was last registered by another instance (another nonce):
+#: two live processes report one identity. Always 0 without a nonce.
 #:
-#: Every other call first refreshes the caller's candidate entry (lapsing after 3 ttl).
+#: Every other call first refreshes the caller's candidate entry (lapsing after 3 ttl), and
+#: with a nonce records it as the instance that registered the identity last.
 #:
 #: A lease that already carries our owner token (an earlier attempt was applied but its answer
 #: was lost to a timeout) is adopted: its TTL is replaced and it is returned as granted.
@@ -136,6 +126,10 @@ if not caller then
   return refusal
 end
 local ttl, priority, me = caller.ttl, caller.priority, caller.me
+local nonce, bad_nonce = read_nonce(ARGV[8], KEYS[9])
+if bad_nonce then
+  return bad_nonce
+end
 local seen_ttl = tonumber(ARGV[6] or '0')
 if not seen_ttl or seen_ttl < 0 or seen_ttl ~= math.floor(seen_ttl) or seen_ttl > 1e12 then
   return redis.error_reply('ERR elector: the longest ttl seen must be a non-negative integer of ms')
@@ -151,16 +145,18 @@ if foreign then
   return {4, foreign, -1}
 end
 local now_ms = server_ms()
-pcall(register, KEYS[5], KEYS[6], me, priority, now_ms, 3 * ttl)
+local clash, recorded = instance_clash(KEYS[9], KEYS[6], me, nonce, now_ms)
+pcall(register, KEYS[5], KEYS[6], me, priority, now_ms, 3 * ttl, KEYS[9])
+note_instance(KEYS[9], KEYS[6], me, nonce, recorded)
 local holder = redis.call('GET', KEYS[1])
 if holder then
   if string.find(holder, '"token":"' .. ARGV[2] .. '"', 1, true) then
     redis.call('PEXPIRE', KEYS[1], ttl)
     local fencing = string.match(holder, '"fencing_token":(%d+)')
-    return {1, tonumber(fencing), holder}
+    return {1, tonumber(fencing), holder, clash}
   end
   note_stream(meta)
-  return {0, holder, redis.call('PTTL', KEYS[1])}
+  return {0, holder, redis.call('PTTL', KEYS[1]), clash}
 end
 local quiet = redis.call('PTTL', KEYS[3])
 if quiet > 0 then
@@ -177,7 +173,7 @@ if quiet > 0 then
     quiet = started + longest - now_ms
     redis.call('PEXPIRE', KEYS[3], quiet)
   end
-  return {2, '', quiet}
+  return {2, '', quiet, clash}
 end
 local data = check_data(meta)
 local run_id, replid, last, lost = data.run_id, data.replid, data.last, data.lost
@@ -196,11 +192,11 @@ if lost then
   redis.call('HSET', KEYS[8], 'protocol', PROTOCOL, 'replid', replid, 'run_id', run_id)
   note_ttl(KEYS[8], read_meta(KEYS[8]), quiet_ms, now_ms)
   redis.call('SET', KEYS[3], string.format('%d', now_ms), 'PX', quiet_ms)
-  return {2, '', quiet_ms}
+  return {2, '', quiet_ms, clash}
 end
 local handoff = read_handoff(KEYS[7])
 if handoff and (me == handoff.from or (handoff.to and me ~= handoff.to)) then
-  return {3, handoff_json(handoff.from, handoff.to), handoff.pttl}
+  return {3, handoff_json(handoff.from, handoff.to), handoff.pttl, clash}
 end
 local token = string.format('%d', math.max(tonumber(last) + 1, now_ms, seen_token + 1))
 redis.call('SET', KEYS[2], token)
@@ -216,20 +212,22 @@ end
 note_ttl(KEYS[8], meta, ttl, now_ms)
 redis.pcall('PUBLISH', ARGV[4],
   '{"event":"acquired","identity":' .. ARGV[1] .. ',"fencing_token":' .. token .. '}')
-return {1, tonumber(token), value}
+return {1, tonumber(token), value, clash}
 """
 )
 
 #: Renew: replace the TTL, only while the key still holds our value.
 #:
 #: KEYS[1] lease key, KEYS[2] candidates hash, KEYS[3] candidate expiry zset, KEYS[4] handoff key,
-#: KEYS[5] meta hash
+#: KEYS[5] meta hash, KEYS[6] (optional) candidate instances hash
 #: ARGV[1] our lease value, ARGV[2] ttl in milliseconds (positive integer),
 #: ARGV[3] our identity, JSON-encoded, ARGV[4] our priority (integer, |priority| <= 10^9)
+#: ARGV[5] (optional, with KEYS[6]) this instance's nonce (hex), "" or absent for none
 #: Returns
 #:   {1, handoff_json_or_empty, handoff_pttl, rival_identity_or_empty, rival_priority,
-#:    rival_seen_ms_ago}                        renewed
-#:   {0, current_value_or_empty, pttl}          lost
+#:    rival_seen_ms_ago, clash}                 renewed
+#:   {0, current_value_or_empty, pttl, clash}   lost
+#: `clash` as in ACQUIRE (appended last: the elements before it are unchanged).
 #: A missing key is never re-created (that would hide the window in which the lock was free),
 #: and the TTL is replaced, never added to.
 #: Every call refreshes our candidate entry, and our ttl as "in use" in a protocol-2 meta hash
@@ -248,8 +246,14 @@ if not caller then
   return refusal
 end
 local ttl, priority, me = caller.ttl, caller.priority, caller.me
+local nonce, bad_nonce = read_nonce(ARGV[5], KEYS[6])
+if bad_nonce then
+  return bad_nonce
+end
 local now_ms = server_ms()
-pcall(register, KEYS[2], KEYS[3], me, priority, now_ms, 3 * ttl)
+local clash, recorded = instance_clash(KEYS[6], KEYS[3], me, nonce, now_ms)
+pcall(register, KEYS[2], KEYS[3], me, priority, now_ms, 3 * ttl, KEYS[6])
+note_instance(KEYS[6], KEYS[3], me, nonce, recorded)
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ttl)
@@ -257,7 +261,7 @@ if current == ARGV[1] then
   if ok and meta and not foreign_protocol(meta) then
     note_ttl(KEYS[5], meta, ttl, now_ms)
   end
-  local reply = {1, '', 0, '', 0, 0}
+  local reply = {1, '', 0, '', 0, 0, clash}
   local handoff = read_handoff(KEYS[4])
   if handoff and handoff.from == me then
     reply[2], reply[3] = handoff_json(handoff.from, handoff.to), handoff.pttl
@@ -278,9 +282,9 @@ if current == ARGV[1] then
   return reply
 end
 if not current then
-  return {0, '', -2}
+  return {0, '', -2, clash}
 end
-return {0, current, redis.call('PTTL', KEYS[1])}
+return {0, current, redis.call('PTTL', KEYS[1]), clash}
 """
 )
 
@@ -312,9 +316,10 @@ return 0
 
 #: Withdraw: remove a candidate's entry (a replica shutting down).
 #:
-#: KEYS[1] candidates hash, KEYS[2] candidate expiry zset
+#: KEYS[1] candidates hash, KEYS[2] candidate expiry zset, KEYS[3] (optional) instances hash
 #: ARGV[1] the identity, JSON-encoded
-#: Returns 1 when an entry was removed, 0 when there was none.
+#: Returns 1 when an entry was removed, 0 when there was none. The identity's instance nonce goes
+#: too (best effort).
 WITHDRAW = (
     _LIB
     + """
@@ -324,6 +329,9 @@ if not me then
 end
 local removed = redis.call('HDEL', KEYS[1], me)
 redis.call('ZREM', KEYS[2], me)
+if KEYS[3] then
+  redis.pcall('HDEL', KEYS[3], me)
+end
 return removed
 """
 )
@@ -382,14 +390,14 @@ return {1, handoff, window}
 
 #: Candidates: the live registered candidates of a lock, read without contending.
 #:
-#: KEYS[1] candidates hash, KEYS[2] candidate expiry zset
+#: KEYS[1] candidates hash, KEYS[2] candidate expiry zset, KEYS[3] (optional) instances hash
 #: Returns {identity_1, priority_1, seen_ms_ago_1, identity_2, ...} (unordered; garbage entries
 #: are left out). Pruning is best effort, so a read-only user or replica can still list them.
 CANDIDATES = (
     _LIB
     + """
 local now_ms = server_ms()
-pcall(prune, KEYS[1], KEYS[2], now_ms)
+pcall(prune, KEYS[1], KEYS[2], now_ms, KEYS[3])
 local ok, found = pcall(live, KEYS[1], KEYS[2], now_ms)
 if not ok then
   return redis.error_reply('ERR elector: the candidate registry ' .. KEYS[1] .. ' / ' .. KEYS[2]
@@ -430,6 +438,7 @@ class LockKeys:
 
     __slots__ = (
         "candidate_expiry",
+        "candidate_instances",
         "candidates",
         "channel",
         "fencing",
@@ -452,6 +461,9 @@ class LockKeys:
         self.candidates = f"{prefix}:{tag}:candidates"
         #: ... and identity -> expiry in server ms (a sorted set), for lapsing and pruning.
         self.candidate_expiry = f"{prefix}:{tag}:candidates:expiry"
+        #: ... and identity -> the nonce of the instance (one Elector or daemon election) that
+        #: registered it last (a hash), to tell two live processes with one identity apart.
+        self.candidate_instances = f"{prefix}:{tag}:candidates:instances"
         #: The handoff in progress, {"from":..,"to":..} with PX = its window.
         self.handoff = f"{prefix}:{tag}:handoff"
         #: Protocol 2's facts beside the lease (a hash; see protocol.py): protocol, replid, ttl.

@@ -30,16 +30,17 @@ renew: RENEW (owner-checked, never re-creating a key) on every server with the s
 majority renewed within the validity -> Renewed; more than N - majority say Lost -> Lost; else an
 error (the election retries until its renew deadline). release: on every server, best effort.
 observe: the holder seen by a majority. subscribe: the announcements of every server, merged and
-de-duplicated; it holds while a majority of the subscriptions live.
-
-Not supported: handoffs and priority pre-emption (renew never reports them; `release` with a
-handoff target and `request_handoff` raise a clear error). Candidates are merged from all servers.
+de-duplicated; it holds while a majority of the subscriptions live. Candidates are merged from all
+servers; an identity clash (redis_lease.py) any server answered is one. Not supported: handoffs
+and priority pre-emption (renew never reports them; `release` with a handoff target and
+`request_handoff` raise a clear error).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
 import logging
 import random
@@ -173,9 +174,10 @@ class RedlockLeaseBackend:
             deadline=t0 + self._request_timeout_s * FIRST_ROUND_SHARE,
         )
         granted = {i: vote.lease for i, vote in enumerate(votes) if isinstance(vote, Granted)}
+        clash = any(getattr(vote, "identity_clash", False) for vote in votes)
         if len(granted) < self.majority:
             self._abandon_later({i: [lease.value] for i, lease in granted.items()})
-            return self._not_granted(votes, ttl_ms=ttl_ms)
+            return dataclasses.replace(self._not_granted(votes, ttl_ms=ttl_ms), identity_clash=clash)
         token = max(lease.fencing_token for lease in granted.values())
         owner = secrets.token_hex(16)
         try:
@@ -202,7 +204,7 @@ class RedlockLeaseBackend:
             self._abandon_later({i: [lease.value] for i, lease in granted.items() if i not in confirmed})
             self._split_votes_in_a_row = 0
             lease = Lease(lock=self._lock, identity=identity, fencing_token=token, ttl_ms=ttl_ms, value=value)
-            return Granted(lease=lease)
+            return Granted(lease=lease, identity_clash=clash)
         self._abandon_later(leftovers)
         if validity_ms <= 0:
             raise LeaseBackendError(
@@ -281,6 +283,7 @@ class RedlockLeaseBackend:
             [b.renew(lease, priority=priority) for b in self._backends],
         )
         renewed = [i for i, result in enumerate(results) if isinstance(result, Renewed)]
+        clash = any(getattr(result, "identity_clash", False) for result in results)
         lost = [result for result in results if isinstance(result, Lost)]
         if len(renewed) >= self.majority:
             elapsed_ms = (self._clock() - started) * 1000
@@ -290,7 +293,7 @@ class RedlockLeaseBackend:
                     kind=BackendErrorKind.TIMEOUT,
                 )
             # Handoffs and priority pre-emption are not supported over Redlock (module doc).
-            return Renewed()
+            return Renewed(identity_clash=clash)
         if len(lost) > self.servers - self.majority:
             # A majority no longer holds our value: lost for good. Drop what a minority still holds.
             self._abandon_later({i: [lease.value] for i in renewed})
@@ -301,8 +304,8 @@ class RedlockLeaseBackend:
                     (r.remaining_ms for r in lost if r.holder == holder and r.remaining_ms is not None),
                     default=None,
                 )
-                return Lost(holder=holder, remaining_ms=remaining)
-            return Lost(holder=None, remaining_ms=None)
+                return Lost(holder=holder, remaining_ms=remaining, identity_clash=clash)
+            return Lost(holder=None, remaining_ms=None, identity_clash=clash)
         errors = [result for result in results if isinstance(result, LeaseBackendError)]
         raise LeaseBackendError(
             f"renew: renewed on {len(renewed)} of {self.servers} Redis servers, {self.majority} needed"
