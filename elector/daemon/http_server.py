@@ -249,9 +249,16 @@ class HttpServer:
                 self._retry_at(grace_end)
 
     def _retry_at(self, when: float) -> None:
+        """Wake at loop time `when`, unless a retry is due sooner already."""
         if self._retry is not None:
+            if self._retry.when() <= when:
+                return
             self._retry.cancel()
-        self._retry = asyncio.get_running_loop().call_at(when, self._wake)
+        self._retry = asyncio.get_running_loop().call_at(when, self._retried)
+
+    def _retried(self) -> None:
+        self._retry = None
+        self._wake()
 
     def _admit(self) -> None:
         """Give slots to the lobby's connections, ready ones first, while one is free or can be
