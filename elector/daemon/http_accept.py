@@ -39,6 +39,10 @@ from elector.daemon.http_connection import MAX_HEAD_BYTES, AnswersAtOnce, parse_
 
 #: A request head that has fully arrived within this many bytes goes first (see the module doc).
 PRIORITY_HEAD_BYTES = 2048
+#: The largest answer given at once: what a fresh TCP socket's send buffer takes whole (Linux's
+#: smallest default, net.ipv4.tcp_wmem's middle value, is 16 KiB). Larger ones (a /leader of many
+#: locks) take the ordinary way, written as the client reads them.
+AT_ONCE_MAX_BYTES = 16 * 1024
 #: The end of a request head; h11 also takes bare line feeds.
 _HEAD_ENDS = (b"\r\n\r\n", b"\n\n", b"\n\r\n")
 
@@ -91,10 +95,11 @@ def answer_at_once(sock: socket.socket, data: bytes, app: AnswersAtOnce) -> bool
     if request.method != "HEAD":
         answer += protocol.send(h11.Data(data=response.body)) or b""
     answer += protocol.send(h11.EndOfMessage()) or b""
+    if len(answer) > AT_ONCE_MAX_BYTES:
+        return False
     with contextlib.suppress(OSError):
         # Consume what was peeked, so that the close is a FIN (unread input would make it a
         # reset, which may destroy the answer in the client's buffer), then answer and close.
-        # A fresh connection's send buffer takes a probe's answer whole.
         if sock.recv(len(data)) == data:
             sock.send(answer)
     sock.close()

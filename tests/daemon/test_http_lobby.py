@@ -11,7 +11,7 @@ import socket
 import pytest
 
 from elector.daemon.http import HttpApp, HttpServer, HttpSettings, Request, Response, json_response
-from elector.daemon.http_accept import PRIORITY_HEAD_BYTES, answer_at_once
+from elector.daemon.http_accept import AT_ONCE_MAX_BYTES, PRIORITY_HEAD_BYTES, answer_at_once
 from tests.daemon.test_http_server import Raw, closed_by_server, exchange, get
 
 
@@ -41,8 +41,11 @@ class Gate:
         return json_response({"who": request.query["who"][0]})
 
     def app(self) -> HttpApp:
-        routes = {"/slow": self.slow, "/probe": self.probe, "/echo": self.echo}
-        return HttpApp(routes, immediate=("/probe",))
+        routes = {"/slow": self.slow, "/probe": self.probe, "/echo": self.echo, "/big": self.big}
+        return HttpApp(routes, immediate=("/probe", "/big"))
+
+    async def big(self, request: Request) -> Response:
+        return Response(200, b"b" * (AT_ONCE_MAX_BYTES + 1))
 
 
 async def start(app: HttpApp, *, max_connections: int) -> HttpServer:
@@ -163,6 +166,7 @@ async def test_a_probe_that_writes_after_its_connect_is_answered_at_once_too() -
         get("/probe", "Connection: close") * 2,  # pipelined
         get("/probe", "Connection: close", "Content-Length: 3") + b"abc",  # a body
         get("/echo?who=x", "Connection: close"),  # a route that is not immediate
+        get("/big", "Connection: close"),  # an answer too big to be written at once
         b"GET /probe HTTP/1.1\r\nHost: x\r\nConnection: close\r\nBad header\r\n\r\n",  # malformed
     ],
 )
