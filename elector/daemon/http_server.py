@@ -93,7 +93,9 @@ _BACKLOG = 1024
 ACCEPTS_PER_TURN = 256
 #: Connections without a small complete head given a slot per turn of the loop, at most: each
 #: costs the loop a read of its head, perhaps an error answer, a close, all before the loop's
-#: next turn, where the next probe is answered.
+#: next turn, where the next probe is answered. Under 30 KB heads at load 7-9 the leader's
+#: renewal gaps were 0.61-0.65 s with this bound and 0.76-0.84 s without (3 runs each; the
+#: probes were all answered either way).
 OTHERS_PER_TURN = 8
 #: accept() failed for want of descriptors or memory: retry after this long, seconds.
 _ACCEPT_RETRY_S = 0.05
