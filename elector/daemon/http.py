@@ -19,7 +19,7 @@ import logging
 import re
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -125,8 +125,19 @@ class HttpApp:
     """GET (and HEAD) routes by exact path: 404 for other paths, 405 with Allow for other methods,
     and 503 (not 500, which a prober may read as a crash) when a handler fails."""
 
-    def __init__(self, routes: Mapping[str, Handler], *, logger: logging.Logger | None = None) -> None:
+    def __init__(
+        self,
+        routes: Mapping[str, Handler],
+        *,
+        immediate: Collection[str] = (),
+        logger: logging.Logger | None = None,
+    ) -> None:
+        """`immediate`: the paths whose handlers never await anything (they answer from a
+        snapshot): `answer_now` answers them, and the server may do so in its accept turn."""
         self._routes = dict(routes)
+        if unknown := set(immediate) - self._routes.keys():
+            raise ValueError(f"immediate paths without a route: {sorted(unknown)}")
+        self._immediate = frozenset(immediate)
         self._log = logging.getLogger("elector.http") if logger is None else logger
 
     async def __call__(self, request: Request) -> Response:
@@ -139,9 +150,28 @@ class HttpApp:
             return await handler(request)
         except Exception:
             self._log.exception("http_handler_failed", extra={"path": request.path, "method": request.method})
-            return json_response(
-                {"status": "error", "reason": "internal error; see the daemon's logs"}, status=503
-            )
+            return _internal_error()
+
+    def answer_now(self, request: Request) -> Response | None:
+        """The answer, when it needs no waiting: an immediate route's (its handler driven to its
+        end at once), 404 or 405; None for the other routes (the server awaits `__call__`)."""
+        handler = self._routes.get(request.path)
+        if handler is not None and request.method in _METHODS and request.path not in self._immediate:
+            return None
+        pending = self(request)
+        try:
+            pending.send(None)
+        except StopIteration as done:
+            answer: Response = done.value
+            return answer
+        # A handler declared immediate awaited something: it is not, and its answer is lost.
+        pending.close()
+        self._log.error("http_handler_not_immediate", extra={"path": request.path})
+        return _internal_error()
+
+
+def _internal_error() -> Response:
+    return json_response({"status": "error", "reason": "internal error; see the daemon's logs"}, status=503)
 
 
 def make_http_app(
@@ -219,7 +249,7 @@ def make_http_app(
         "/leader": leader,
         "/metrics": metrics_handler(registry),
     }
-    return HttpApp(routes, logger=logger)
+    return HttpApp(routes, immediate=("/healthz", "/readyz", "/leader"), logger=logger)
 
 
 def metrics_handler(registry: CollectorRegistry) -> Handler:
@@ -278,7 +308,7 @@ def make_compat_app(*, status: StatusProvider) -> HttpApp:
         name = "" if holder is None or expired else holder.identity
         return Response(200, json.dumps({"name": name}).encode(), (("Content-Type", "application/json"),))
 
-    return HttpApp({"/": leader_name})
+    return HttpApp({"/": leader_name}, immediate=("/",))
 
 
 class HttpStatsCollector:
@@ -308,7 +338,7 @@ class HttpStatsCollector:
         )
         yield CounterMetricFamily(
             "elector_http_connections_deferred",
-            "New HTTP connections left waiting in the kernel's queue at the connection cap (every "
+            "New HTTP connections left waiting for a slot at the connection cap (every "
             "open one was being answered or too fresh to cut).",
             value=stats.deferred,
         )

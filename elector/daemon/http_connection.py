@@ -14,6 +14,7 @@ import http
 import logging
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Protocol, runtime_checkable
 
 import h11
 
@@ -71,6 +72,22 @@ class Response:
 
 
 Application = Callable[[Request], Awaitable[Response]]
+
+
+@runtime_checkable
+class AnswersAtOnce(Protocol):
+    """An application that can answer some requests without waiting for anything (a probe, from
+    a published snapshot): the server may then answer them in the turn it accepts them."""
+
+    def answer_now(self, request: Request) -> Response | None:
+        """The answer, or None when the request must go through the application's `__call__`."""
+
+
+def response_event(response: Response) -> h11.Response:
+    """The answer's status line and headers for h11 (Content-Length set from the body)."""
+    headers = [*response.headers, ("Content-Length", str(len(response.body)))]
+    reason = http.HTTPStatus(response.status).phrase.encode()
+    return h11.Response(status_code=response.status, headers=headers, reason=reason)
 
 
 def text_response(status: int, text: str, *, headers: tuple[tuple[str, str], ...] = ()) -> Response:
@@ -241,9 +258,7 @@ class Connection:
         await self._linger()
 
     async def _send(self, response: Response, *, head_only: bool) -> None:
-        headers = [*response.headers, ("Content-Length", str(len(response.body)))]
-        reason = http.HTTPStatus(response.status).phrase.encode()
-        data = self._h11.send(h11.Response(status_code=response.status, headers=headers, reason=reason))
+        data = self._h11.send(response_event(response))
         assert data is not None  # only None for ConnectionClosed
         self._writer.write(data)
         body = b"" if head_only else response.body
