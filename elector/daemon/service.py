@@ -225,8 +225,17 @@ class Daemon:
         spread_s = start_spacing_s(len(self.locks), ttl_s=settings.timing.ttl_s,
                                    renew_interval_s=settings.timing.renew_interval_s)  # fmt: skip
         gc_thresholds = gc.get_threshold()  # restored below (the library and tests run it in-process)
+        freeze: asyncio.TimerHandle | None = None
         if len(self.locks) > 1:
             freeze_long_lived(until=loop.time() + spread_s * len(self.locks) + settings.timing.ttl_s)
+        else:
+            # What start-up built (modules, the election, HTTP, ~50,000 objects) lives as long as
+            # the daemon; unfrozen, every full collection walks it while holding the GIL: 40-55 ms
+            # of CPU, over a second of wall time on a loaded machine, and a renewal waited that
+            # long behind one (an HTTP flood's garbage brings full collections on).
+            # Now (imports, settings, HTTP) and once more when the first term has settled.
+            gc.freeze()
+            freeze = loop.call_later(settings.timing.ttl_s, gc.freeze)
         self._tasks = [
             asyncio.create_task(
                 self._guarded(lock, start_delay_s=index * spread_s), name=f"election:{lock.election.lock}"
@@ -265,6 +274,8 @@ class Daemon:
                         await self.master_watcher.aclose()
             await self.redis.aclose(within_s=close_within_s)
             gc.set_threshold(*gc_thresholds)
+            if freeze is not None:
+                freeze.cancel()
         self.log.info("stopped", exit_code=self.exit_code)
         return self.exit_code
 
