@@ -1,0 +1,272 @@
+"""Where a graceful handoff's milliseconds go: exec mode, SIGTERM to the leader's daemon until the
+new leader's command writes its first line.
+
+    python -m bench.execmode.handoff_trace [--python PY] [--runs N] [--perf FILE]
+
+Two `elector run --ttl 2s -- CMD` daemons on a private redis-server, CMD the peers benchmark's
+work command (bench/peers/candidates/work.py: its first act journals `time.time()`). Each run
+SIGTERMs the leader and collects, on the host's one wall clock:
+
+- the signal (`time.time()` right before `os.kill`);
+- the old daemon's `shutting_down` (signal handled) and `command_stopped` (its command's tree
+  gone: the keeper reported it and exited) log lines;
+- the release script and the new leader's acquire script as Redis ran them (MONITOR's
+  timestamps, the same clock);
+- the new daemon's `command_started` line (start order written to its parked keeper);
+- the new command's journal line.
+
+It prints each step's median over the runs, beside the spawn floor (Popen of CMD -> its journal
+line) measured in the same process. `--perf FILE` traces the last run with `perf trace -a`
+(kernel tracepoints: no ptrace stops) and writes the system calls of the processes taking part
+(bench, daemons and their threads, keepers, commands, redis-server) to FILE, one clock from the
+kill() to the journal write(); perf's own load makes that run slower than the others.
+
+`--python` defaults to this venv's; the peers benchmark runs the runtime-only venv the image's
+way (PYTHONOPTIMIZE=2): pass bench.harness.context's `python-as-image` wrapper to match it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from bench.harness.common import Daemon, RedisLab, parse_timestamp, read_json_log, wait_until
+from bench.peers.probes import process_tree
+from bench.peers.systems import work_cmd
+from bench.peers.trials import read_journal, spawn_floor
+
+LOCK = "bench-trace"
+STEPS = (
+    ("signal handled (old daemon: shutting_down)", "shutting_down"),
+    ("old command's tree gone (old daemon: command_stopped)", "command_stopped"),
+    ("release script run (Redis)", "release"),
+    ("acquire script run (Redis, new leader)", "acquire"),
+    ("start order written to the parked keeper (new daemon: command_started)", "command_started"),
+    ("new command's first line (journal)", "journal"),
+)
+
+
+class Monitor:
+    """Wall-clock times of the EVALSHA calls Redis ran, by the connection that sent them."""
+
+    def __init__(self, port: int) -> None:
+        self._sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self._sock.sendall(b"MONITOR\r\n")
+        self._file = self._sock.makefile("rb")
+        self._file.readline()
+        self._sock.settimeout(None)
+        self.calls: list[tuple[float, str, str]] = []  # (time, client address, sha)
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            for raw in self._file:
+                parts = raw.decode(errors="replace").split(" ", 4)
+                if len(parts) >= 5 and parts[3] == '"EVALSHA"':
+                    self.calls.append((float(parts[0][1:]), parts[2].rstrip("]"), parts[4][1:41]))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        self._thread.join(timeout=5)
+
+
+def _sha(script: str) -> str:
+    import hashlib
+
+    return hashlib.sha1(script.encode()).hexdigest()
+
+
+def _event_time(daemon: Daemon, name: str, after: float) -> float | None:
+    for entry in read_json_log(daemon.log_path):
+        if entry.get("event") == name:
+            t = parse_timestamp(entry["timestamp"])
+            if t >= after:
+                return t
+    return None
+
+
+def one_handoff(
+    lab: RedisLab, leader: Daemon, follower: Daemon, journal: Path, *, perf_to: Path | None
+) -> dict[str, float]:
+    """SIGTERM the leader; the steps' times after the signal, in seconds."""
+    from elector.backend.lua import lease as scripts
+
+    follower.wait_following()
+    time.sleep(0.3)
+    before = len(read_journal(journal))
+    monitor = Monitor(lab.server.port)
+    pids = _pids_of(lab, leader, follower)
+    perf = _start_perf(perf_to)
+    try:
+        signalled_at = time.time()
+        os.kill(leader.pid, signal.SIGTERM)
+        line = wait_until(
+            lambda: next((x for x in read_journal(journal)[before:] if x.cid == follower.identity), None),
+            timeout_s=20,
+            what="the new command's journal line",
+        )
+        assert leader.proc is not None
+        leader.proc.wait(timeout=10)
+        time.sleep(0.05)
+    finally:
+        monitor.close()
+        if perf is not None:
+            perf.send_signal(signal.SIGINT)
+            perf.wait(timeout=30)
+    steps: dict[str, float] = {"journal": line.t - signalled_at}
+    for name in ("shutting_down", "command_stopped"):
+        if (t := _event_time(leader, name, signalled_at)) is not None:
+            steps[name] = t - signalled_at
+    if (t := _event_time(follower, "command_started", signalled_at)) is not None:
+        steps["command_started"] = t - signalled_at
+    release, acquire = _sha(scripts.RELEASE), _sha(scripts.ACQUIRE)
+    for t, _, sha in monitor.calls:
+        if t < signalled_at:
+            continue
+        if sha == release and "release" not in steps:
+            steps["release"] = t - signalled_at
+        if sha == acquire and "release" in steps and "acquire" not in steps:
+            steps["acquire"] = t - signalled_at
+    if perf_to is not None:
+        _keep_ours(perf_to, pids=pids | {line.pid})
+    return steps
+
+
+def _start_perf(path: Path | None) -> subprocess.Popen[bytes] | None:
+    if path is None:
+        return None
+    if shutil.which("perf") is None:
+        raise SystemExit("--perf needs perf (linux-perf)")
+    proc = subprocess.Popen(
+        ["perf", "trace", "-a", "-o", str(path.with_suffix(".all"))], stderr=subprocess.DEVNULL
+    )
+    time.sleep(1.0)  # perf attaches its tracepoints
+    return proc
+
+
+def _pids_of(lab: RedisLab, leader: Daemon, follower: Daemon) -> set[int]:
+    """Us, redis-server, both daemons' trees (keepers, the old command) and all their threads."""
+    pids = {os.getpid(), lab.server.pid, *process_tree(leader.pid), *process_tree(follower.pid)}
+    for pid in list(pids):
+        with contextlib.suppress(OSError):
+            pids.update(int(tid) for tid in os.listdir(f"/proc/{pid}/task"))
+    return pids
+
+
+def _keep_ours(path: Path, *, pids: set[int]) -> None:
+    """FILE: the lines of `pids` and of the processes and threads they cloned, from our kill() on."""
+    raw = path.with_suffix(".all").read_text(errors="replace").splitlines()
+    ours = set(pids)
+    changed = True
+    while changed:  # children and threads: `clone(...) = PID` lines of a process of ours
+        changed = False
+        for text in raw:
+            who = _who(text)
+            if who in ours and "clone" in text and "= " in text:
+                tail = text.rsplit("= ", 1)[1].split()[0]
+                if tail.isdigit() and int(tail) not in ours:
+                    ours.add(int(tail))
+                    changed = True
+    kept, started = [], None
+    for text in raw:
+        if _who(text) not in ours:
+            continue
+        try:
+            at = float(text.split()[0])
+        except ValueError:  # "? ( ): ... [continued]": a call that began before perf attached
+            continue
+        if started is None and f"/{os.getpid()} kill(" in text:
+            started = at
+        if started is not None:
+            kept.append(f"{at - started:9.3f} ms  {text.split(':', 1)[1].strip()}")
+    path.write_text("\n".join(kept) + "\n")
+    path.with_suffix(".all").unlink()
+
+
+def _who(text: str) -> int | None:
+    for token in text.split():
+        if "/" in token:
+            pid = token.rsplit("/", 1)[1]
+            return int(pid) if pid.isdigit() else None
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.execmode.handoff_trace", description=__doc__)
+    parser.add_argument("--python", default=sys.executable, help="the daemons' python")
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--perf", type=Path, help="trace the last run with perf trace -a into this file")
+    args = parser.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="elector-trace-"))
+    journal = workdir / "journal"
+    floor = spawn_floor(work_cmd(workdir / "floor", "floor"), workdir / "floor", runs=20)
+    runs: list[dict[str, float]] = []
+    daemons: list[Daemon] = []
+    try:
+        with RedisLab() as lab:
+            lab.seed(LOCK)
+
+            def daemon(identity: str, incarnation: int) -> Daemon:
+                d = Daemon(
+                    python=args.python,
+                    redis_url=lab.url,
+                    lock=LOCK,
+                    identity=identity,
+                    ttl="2s",
+                    log_path=workdir / f"{identity}-{incarnation}.log",
+                    extra_args=("--", *work_cmd(journal, identity)),
+                ).start()
+                daemons.append(d)
+                return d
+
+            leader = daemon("a", 0)
+            wait_until(lambda: read_journal(journal) or None, timeout_s=20, what="the first command")
+            follower = daemon("b", 0)
+            for n in range(args.runs):
+                last = n == args.runs - 1
+                runs.append(one_handoff(lab, leader, follower, journal, perf_to=args.perf if last else None))
+                leader, follower = follower, daemon(leader.identity, n + 1)
+            for d in daemons:
+                d.stop()
+    finally:
+        for d in daemons:
+            with contextlib.suppress(Exception):
+                d.stop()
+    _print(runs, floor, python=args.python)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+def _print(runs: list[dict[str, float]], floor: list[float], *, python: str) -> None:
+    print(f"{len(runs)} handoffs, daemons on {python}; ms after the SIGTERM (median, and its step)")
+    previous = 0.0
+    for label, key in STEPS:
+        values = [r[key] * 1000 for r in runs if key in r]
+        if not values:
+            print(f"  {label:78} -")
+            continue
+        at = statistics.median(values)
+        print(f"  {label:78} {at:7.2f}  (+{at - previous:5.2f})  [{min(values):.2f} .. {max(values):.2f}]")
+        previous = at
+    floor_ms = statistics.median(floor) * 1000
+    print(f"  spawn floor (Popen of CMD -> its journal line, 20 runs): median {floor_ms:.2f} ms")
+    total = statistics.median(r["journal"] for r in runs) * 1000
+    print(f"  handoff minus floor: {total - statistics.median(floor) * 1000:.2f} ms")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
