@@ -1,5 +1,7 @@
-"""Where a graceful handoff's milliseconds go: exec mode, SIGTERM to the leader's daemon until the
-new leader's command writes its first line.
+"""handoff_trace: where a graceful handoff's milliseconds go: exec mode, SIGTERM to the leader's
+daemon until the new leader's command writes its first line.
+
+A benchmark of `python -m bench` (the runtime-only venv run the image's way), and a tool:
 
     python -m bench.execmode.handoff_trace [--python PY] [--runs N] [--perf FILE]
 
@@ -41,11 +43,22 @@ import threading
 import time
 from pathlib import Path
 
-from bench.harness.common import Daemon, RedisLab, parse_timestamp, read_json_log, wait_until
+from bench.harness.common import (
+    BenchError,
+    BenchResult,
+    Daemon,
+    RedisLab,
+    Table,
+    parse_timestamp,
+    read_json_log,
+    wait_until,
+)
+from bench.harness.context import Context
 from bench.peers.probes import process_tree
 from bench.peers.systems import work_cmd
 from bench.peers.trials import read_journal, spawn_floor
 
+NAME = "handoff_trace"
 LOCK = "bench-trace"
 STEPS = (
     ("signal handled (old daemon: shutting_down)", "shutting_down"),
@@ -54,6 +67,38 @@ STEPS = (
     ("acquire script run (Redis, new leader)", "acquire"),
     ("start order written to the parked keeper (new daemon: command_started)", "command_started"),
     ("new command's first line (journal)", "journal"),
+)
+
+
+METHOD = (
+    "Two `elector run --ttl 2s -- CMD` daemons ({venv}) on a private redis-server; CMD is the peers "
+    "benchmark's work command (`python -I -S work.py`, whose first act journals `time.time()`). Each "
+    "handoff SIGTERMs the leader and reads, on the host's one wall clock: the old daemon's "
+    "`shutting_down` and `command_stopped` log lines, the release and acquire scripts as Redis ran them "
+    "(MONITOR), the new daemon's `command_started` line and the new command's journal line; the spawn "
+    "floor (Popen of CMD -> its journal line) is sampled after each handoff, under the same load. What "
+    "each step holds, from one handoff traced with `python -m bench.execmode.handoff_trace --perf FILE` "
+    "(perf trace -a: every system call of the processes taking part, one clock): "
+    "(1) signal handled: the daemon's signal handler and the election's stop request. "
+    "(2) old tree gone: the supervisor's killpg(SIGTERM) reaches the command and its keeper about 1-2 ms "
+    "after the signal; the command dies at once, the keeper reaps it, writes TREE_GONE on its status "
+    "pipe and exits; the daemon sees that exit through a pidfd and asyncio's child-watcher thread, and "
+    "scans nothing. "
+    "(3) release: one EVALSHA, which also publishes `released`. Before issue 25 two things sat here: "
+    "the orphan reaper's SIGCHLD sweep read every process's /proc stat (6-20 ms on this shared host), "
+    "and a daemon's first release met NOSCRIPT (EVALSHA, SCRIPT LOAD, EVALSHA again: two more round "
+    "trips). Now a sweep looks with waitid(WNOWAIT) first and scans only for a zombie, and the term's "
+    "scripts are loaded once per client after the first answered acquire. "
+    "(4) acquire: the follower's pub/sub connection delivers `released` (no polling); it sends ACQUIRE "
+    "at once (a lone call is not held back by the script batcher). "
+    "(5) start order: the grant, on_started_leading, and one write of the start order (validity end "
+    "and environment) to the keeper parked while following: no interpreter starts here. "
+    "(6) first line: the parked keeper reads the order, forks, the child resets its signals, arms "
+    "PR_SET_PDEATHSIG, looks at the deadline once more and execs CMD; then CMD's own interpreter starts, "
+    "which is the spawn floor. The safety order is kept throughout: the release goes out only after "
+    "the old tree is gone, and the new command only after the new grant. On this 2-core machine, "
+    "shared and loaded, most of each step is waiting for a CPU: compare steps with the floor of the "
+    "same run."
 )
 
 
@@ -205,16 +250,13 @@ def _who(text: str) -> int | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.execmode.handoff_trace", description=__doc__)
-    parser.add_argument("--python", default=sys.executable, help="the daemons' python")
-    parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--perf", type=Path, help="trace the last run with perf trace -a into this file")
-    args = parser.parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="elector-trace-"))
+def measure(
+    python: str, *, runs: int, workdir: Path, perf_to: Path | None = None
+) -> tuple[list[dict[str, float]], list[float]]:
+    """(the steps of each handoff, the spawn floor's samples), one floor sample after each handoff."""
     journal = workdir / "journal"
-    floor = spawn_floor(work_cmd(workdir / "floor", "floor"), workdir / "floor", runs=20)
-    runs: list[dict[str, float]] = []
+    floor: list[float] = []
+    trials: list[dict[str, float]] = []
     daemons: list[Daemon] = []
     try:
         with RedisLab() as lab:
@@ -222,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
 
             def daemon(identity: str, incarnation: int) -> Daemon:
                 d = Daemon(
-                    python=args.python,
+                    python=python,
                     redis_url=lab.url,
                     lock=LOCK,
                     identity=identity,
@@ -236,16 +278,59 @@ def main(argv: list[str] | None = None) -> int:
             leader = daemon("a", 0)
             wait_until(lambda: read_journal(journal) or None, timeout_s=20, what="the first command")
             follower = daemon("b", 0)
-            for n in range(args.runs):
-                last = n == args.runs - 1
-                runs.append(one_handoff(lab, leader, follower, journal, perf_to=args.perf if last else None))
+            for n in range(runs):
+                last = n == runs - 1
+                trials.append(one_handoff(lab, leader, follower, journal, perf_to=perf_to if last else None))
                 leader, follower = follower, daemon(leader.identity, n + 1)
-            for d in daemons:
-                d.stop()
+                floor += spawn_floor(work_cmd(workdir / "floor", "floor"), workdir / "floor", runs=1)
     finally:
         for d in daemons:
             with contextlib.suppress(Exception):
                 d.stop()
+    return trials, floor
+
+
+def run(ctx: Context) -> BenchResult:
+    try:
+        python, venv = ctx.runtime_python_as_image(), "the runtime-only venv run the image's way"
+    except BenchError as exc:
+        ctx.say(f"handoff_trace: runtime venv unavailable ({exc}); the dev venv runs the daemons")
+        python, venv = ctx.dev_python, "the dev venv"
+    trials, floor = measure(python, runs=6 if ctx.quick else 20, workdir=ctx.dir("handoff-trace"))
+    table = Table(
+        f"Exec-mode graceful handoff, step by step ({len(trials)} handoffs, ms after the SIGTERM, "
+        "medians; the step: the median minus the previous step's median)",
+        ["step", "median at", "step", "min at", "max at"],
+    )
+    previous = 0.0
+    for label, key in STEPS:
+        values = [trial[key] * 1000 for trial in trials if key in trial]
+        if not values:
+            table.add(label, "-", "-", "-", "-")
+            continue
+        at = statistics.median(values)
+        table.add(label, f"{at:.2f}", f"+{at - previous:.2f}", f"{min(values):.2f}", f"{max(values):.2f}")
+        previous = at
+    floor_ms = statistics.median(floor) * 1000
+    table.add("spawn floor (Popen of CMD -> its journal line)", f"{floor_ms:.2f}", "", "", "")
+    total = statistics.median(t["journal"] for t in trials) * 1000
+    table.add("handoff minus the spawn floor", f"{total - floor_ms:.2f}", "", "", "")
+    return BenchResult(
+        name=NAME,
+        title="Where a handoff's milliseconds go",
+        method=METHOD.format(venv=venv),
+        tables=[table],
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.execmode.handoff_trace", description=__doc__)
+    parser.add_argument("--python", default=sys.executable, help="the daemons' python")
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--perf", type=Path, help="trace the last run with perf trace -a into this file")
+    args = parser.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="elector-trace-"))
+    runs, floor = measure(args.python, runs=args.runs, workdir=workdir, perf_to=args.perf)
     _print(runs, floor, python=args.python)
     shutil.rmtree(workdir, ignore_errors=True)
     return 0
@@ -263,7 +348,7 @@ def _print(runs: list[dict[str, float]], floor: list[float], *, python: str) -> 
         print(f"  {label:78} {at:7.2f}  (+{at - previous:5.2f})  [{min(values):.2f} .. {max(values):.2f}]")
         previous = at
     floor_ms = statistics.median(floor) * 1000
-    print(f"  spawn floor (Popen of CMD -> its journal line, 20 runs): median {floor_ms:.2f} ms")
+    print(f"  spawn floor (Popen of CMD -> its journal line, after each handoff): median {floor_ms:.2f} ms")
     total = statistics.median(r["journal"] for r in runs) * 1000
     print(f"  handoff minus floor: {total - statistics.median(floor) * 1000:.2f} ms")
 
