@@ -145,25 +145,28 @@ def _event_time(daemon: Daemon, name: str, after: float) -> float | None:
 
 
 def one_handoff(
-    lab: RedisLab, leader: Daemon, follower: Daemon, journal: Path, *, perf_to: Path | None
-) -> dict[str, float]:
-    """SIGTERM the leader; the steps' times after the signal, in seconds."""
+    lab: RedisLab, leader: Daemon, waiters: list[Daemon], journal: Path, *, perf_to: Path | None
+) -> tuple[dict[str, float], Daemon]:
+    """SIGTERM the leader; the steps' times after the signal, in seconds, and the new leader."""
     from elector.backend.lua import lease as scripts
 
-    follower.wait_following()
+    for waiter in waiters:
+        waiter.wait_following()
     time.sleep(0.3)
     before = len(read_journal(journal))
     monitor = Monitor(lab.server.port)
-    pids = _pids_of(lab, leader, follower)
+    pids = _pids_of(lab, leader, *waiters)
     perf = _start_perf(perf_to)
+    by_identity = {waiter.identity: waiter for waiter in waiters}
     try:
         signalled_at = time.time()
         os.kill(leader.pid, signal.SIGTERM)
         line = wait_until(
-            lambda: next((x for x in read_journal(journal)[before:] if x.cid == follower.identity), None),
+            lambda: next((x for x in read_journal(journal)[before:] if x.cid in by_identity), None),
             timeout_s=20,
             what="the new command's journal line",
         )
+        follower = by_identity[line.cid]
         assert leader.proc is not None
         leader.proc.wait(timeout=10)
         time.sleep(0.05)
@@ -188,7 +191,7 @@ def one_handoff(
             steps["acquire"] = t - signalled_at
     if perf_to is not None:
         _keep_ours(perf_to, pids=pids | {line.pid})
-    return steps
+    return steps, follower
 
 
 def _start_perf(path: Path | None) -> subprocess.Popen[bytes] | None:
@@ -203,9 +206,11 @@ def _start_perf(path: Path | None) -> subprocess.Popen[bytes] | None:
     return proc
 
 
-def _pids_of(lab: RedisLab, leader: Daemon, follower: Daemon) -> set[int]:
-    """Us, redis-server, both daemons' trees (keepers, the old command) and all their threads."""
-    pids = {os.getpid(), lab.server.pid, *process_tree(leader.pid), *process_tree(follower.pid)}
+def _pids_of(lab: RedisLab, *daemons: Daemon) -> set[int]:
+    """Us, redis-server, the daemons' trees (keepers, the old command) and all their threads."""
+    pids = {os.getpid(), lab.server.pid}
+    for daemon in daemons:
+        pids.update(process_tree(daemon.pid))
     for pid in list(pids):
         with contextlib.suppress(OSError):
             pids.update(int(tid) for tid in os.listdir(f"/proc/{pid}/task"))
@@ -251,9 +256,10 @@ def _who(text: str) -> int | None:
 
 
 def measure(
-    python: str, *, runs: int, workdir: Path, perf_to: Path | None = None
+    python: str, *, runs: int, workdir: Path, perf_to: Path | None = None, candidates: int = 2
 ) -> tuple[list[dict[str, float]], list[float]]:
-    """(the steps of each handoff, the spawn floor's samples), one floor sample after each handoff."""
+    """(the steps of each handoff, the spawn floor's samples), one floor sample after each handoff.
+    `candidates`: daemons in all (the peers benchmark runs 3: one leader, two waiters)."""
     journal = workdir / "journal"
     floor: list[float] = []
     trials: list[dict[str, float]] = []
@@ -275,13 +281,17 @@ def measure(
                 daemons.append(d)
                 return d
 
-            leader = daemon("a", 0)
+            leader = daemon("c0", 0)
             wait_until(lambda: read_journal(journal) or None, timeout_s=20, what="the first command")
-            follower = daemon("b", 0)
+            waiters = [daemon(f"c{i}", 0) for i in range(1, candidates)]
             for n in range(runs):
                 last = n == runs - 1
-                trials.append(one_handoff(lab, leader, follower, journal, perf_to=perf_to if last else None))
-                leader, follower = follower, daemon(leader.identity, n + 1)
+                steps, new_leader = one_handoff(
+                    lab, leader, waiters, journal, perf_to=perf_to if last else None
+                )
+                trials.append(steps)
+                waiters = [w for w in waiters if w is not new_leader] + [daemon(leader.identity, n + 1)]
+                leader = new_leader
                 floor += spawn_floor(work_cmd(workdir / "floor", "floor"), workdir / "floor", runs=1)
     finally:
         for d in daemons:
@@ -328,9 +338,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default=sys.executable, help="the daemons' python")
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--perf", type=Path, help="trace the last run with perf trace -a into this file")
+    parser.add_argument("--candidates", type=int, default=2, help="daemons in all (the peers bench: 3)")
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="elector-trace-"))
-    runs, floor = measure(args.python, runs=args.runs, workdir=workdir, perf_to=args.perf)
+    runs, floor = measure(
+        args.python, runs=args.runs, workdir=workdir, perf_to=args.perf, candidates=args.candidates
+    )
     _print(runs, floor, python=args.python)
     shutil.rmtree(workdir, ignore_errors=True)
     return 0
