@@ -35,6 +35,8 @@ from bench.peers.systems import System, all_systems, tool_versions, work_cmd
 from bench.peers.trials import Cluster, crash_trials, graceful_trials, idle_window, spawn_floor
 
 NAME = "peers"
+#: After a graceful trial, before the next system's: the replacement candidate's start-up is done.
+SETTLE_S = 1.0
 
 
 def _elector_python(ctx: Context) -> tuple[str, str]:
@@ -111,6 +113,11 @@ def _graceful_phase(
                 continue  # a system that failed a trial has no more of them
             try:
                 outcome.handoff += graceful_trials(cluster, runs=1, rng=rngs[key])
+                # The stopped candidate's replacement starts now (an interpreter and its imports:
+                # up to a second of CPU for a Python one): let it settle before the next system's
+                # trial, which would otherwise run beside it.
+                cluster.wait_ready()
+                time.sleep(SETTLE_S)
             except Exception as exc:
                 traceback.print_exc()
                 outcome.errors.append(_brief(exc))
