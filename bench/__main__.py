@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType, ModuleType
 
+from bench.execmode import handoff_trace
 from bench.harness import report
 from bench.harness.common import REPO, BenchResult, stop_all
 from bench.harness.context import Context, machine_facts
@@ -27,6 +28,7 @@ from bench.peers import benchmark as peers
 BENCHMARKS: list[ModuleType] = [
     takeover,
     handoff,
+    handoff_trace,
     idle_requests,
     idle_resources,
     startup,

@@ -16,7 +16,9 @@ from bench.harness.common import REPO, BenchError
 from bench.servers.etcd import EtcdInstall, EtcdServer, ensure_etcd
 from elector.testing.redis_server import find_redis_server
 
-RUNTIME_VENV = Path("/tmp/elector-bench-rt")
+#: Shared by the runs of one machine; ELECTOR_BENCH_RUNTIME_VENV gives a run a venv of its own (two
+#: work trees benchmarking at once would otherwise reinstall each other's elector mid-run).
+RUNTIME_VENV = Path(os.environ.get("ELECTOR_BENCH_RUNTIME_VENV", "/tmp/elector-bench-rt"))
 #: What a container image copies to build elector (no tests, no dev extras).
 _IMAGE_FILES = ("pyproject.toml", "README.md", "elector")
 #: The environment the Dockerfile's ENV gives every Python process of the image: no docstrings and

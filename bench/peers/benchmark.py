@@ -12,7 +12,9 @@ Per system, three candidates:
   candidate restarted as a waiter. The systems' crash trials run at the same time (one thread
   each): they mostly wait for leases to run out, and so the module stays within 8 minutes.
 - graceful trials: SIGTERM to the leader candidate (etcd: to its CMD, see peer_systems.py),
-  timed from right before os.kill to the new leader's CMD journal line; one system at a time.
+  timed from right before os.kill to the new leader's CMD journal line; one system at a time,
+  round-robin (one trial of each system per round, then one spawn-floor sample), so that the
+  load of a shared machine, which swings over minutes, falls on every system alike.
 - an idle window with one holder and two waiters: requests per waiter (bench/peers/probes.py),
   each waiter's RSS and CPU.
 """
@@ -33,6 +35,8 @@ from bench.peers.systems import System, all_systems, tool_versions, work_cmd
 from bench.peers.trials import Cluster, crash_trials, graceful_trials, idle_window, spawn_floor
 
 NAME = "peers"
+#: After a graceful trial, before the next system's: the replacement candidate's start-up is done.
+SETTLE_S = 1.0
 
 
 def _elector_python(ctx: Context) -> tuple[str, str]:
@@ -89,6 +93,38 @@ def _crash_phase(clusters: dict[str, Cluster], outcomes: dict[str, Outcome], *, 
         thread.join()
 
 
+def _graceful_phase(
+    clusters: dict[str, Cluster],
+    outcomes: dict[str, Outcome],
+    *,
+    runs: int,
+    seed: int,
+    floor_cmd: tuple[list[str], Path],
+) -> list[float]:
+    """Round-robin: each round one graceful trial of each system in turn, then one spawn-floor
+    sample; the floor samples. On a shared machine whose load swings over minutes, every system's
+    trials (and the floor) then meet the same load, and the ratios compare like with like."""
+    rngs = {key: random.Random(seed + 100 + i) for i, key in enumerate(clusters)}
+    floor: list[float] = []
+    for _ in range(runs):
+        for key, cluster in clusters.items():
+            outcome = outcomes[key]
+            if outcome.errors:
+                continue  # a system that failed a trial has no more of them
+            try:
+                outcome.handoff += graceful_trials(cluster, runs=1, rng=rngs[key])
+                # The stopped candidate's replacement starts now (an interpreter and its imports:
+                # up to a second of CPU for a Python one): let it settle before the next system's
+                # trial, which would otherwise run beside it.
+                cluster.wait_ready()
+                time.sleep(SETTLE_S)
+            except Exception as exc:
+                traceback.print_exc()
+                outcome.errors.append(_brief(exc))
+        floor += spawn_floor(*floor_cmd, runs=1)
+    return floor
+
+
 def _close(cluster: Cluster, closed: set[str]) -> None:
     # Each cluster is stopped once: a second stop could signal a process group of reused PIDs.
     if cluster.system.key not in closed:
@@ -105,7 +141,8 @@ def run(ctx: Context) -> BenchResult:
     outcomes = {s.key: Outcome(s.key, s.label) for s in systems}
 
     floor_journal = ctx.dir("peers-floor") / "journal"
-    floor = spawn_floor(work_cmd(floor_journal, "floor"), floor_journal, runs=20)
+    floor_cmd = (work_cmd(floor_journal, "floor"), floor_journal)
+    floor = spawn_floor(*floor_cmd, runs=10)
     phases: dict[str, float] = {}
     mark = time.monotonic()
 
@@ -127,19 +164,22 @@ def run(ctx: Context) -> BenchResult:
         print(f"  peers: crash trials ({runs} per system, systems in parallel)", flush=True)
         _crash_phase(clusters, outcomes, runs=runs, seed=ctx.seed)
         phase("crash trials")
+        print(f"  peers: graceful trials ({runs} per system, one system at a time, interleaved)", flush=True)
+        floor += _graceful_phase(clusters, outcomes, runs=runs, seed=ctx.seed, floor_cmd=floor_cmd)
+        phase("graceful trials")
         for key, cluster in clusters.items():
-            print(f"  peers: {key}: graceful trials and idle window", flush=True)
+            print(f"  peers: {key}: idle window", flush=True)
             outcome = outcomes[key]
             try:
-                outcome.handoff = graceful_trials(cluster, runs=runs, rng=random.Random(ctx.seed + 100))
-                outcome.idle = idle_window(cluster, seconds=idle_s, alone_seconds=alone_s)
+                if not outcome.errors:
+                    outcome.idle = idle_window(cluster, seconds=idle_s, alone_seconds=alone_s)
             except Exception as exc:
                 traceback.print_exc()
                 outcome.errors.append(_brief(exc))
             finally:
-                # Stopped now, so that the next system's trials run without this one's load.
+                # Stopped now, so that the next system's idle window runs without this one's load.
                 _close(cluster, closed)
-        phase("graceful trials and idle windows")
+        phase("idle windows")
     finally:
         for cluster in clusters.values():
             _close(cluster, closed)

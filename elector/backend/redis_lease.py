@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import secrets
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -39,6 +42,22 @@ from elector.lease import (
 )
 
 T = TypeVar("T")
+
+
+#: Clients whose server was sent the scripts of a term (`RedisLeaseBackend._preload_scripts_soon`),
+#: and the loads under way (referenced until done, as asyncio keeps only weak references to tasks).
+_PRELOADED: weakref.WeakSet[Any] = weakref.WeakSet()
+_PRELOADING: set[asyncio.Task[None]] = set()
+#: The scripts of a term, each first run on a path that waits for it (the release: a handoff's).
+_TERM_SCRIPTS = (scripts.ACQUIRE, scripts.RENEW, scripts.RELEASE, scripts.WITHDRAW)
+
+
+async def _load_scripts(client: redis.asyncio.Redis) -> None:
+    with contextlib.suppress(Exception):
+        pipe = client.pipeline(transaction=False)
+        for script in _TERM_SCRIPTS:
+            pipe.script_load(script)
+        await pipe.execute(raise_on_error=False)
 
 
 class RedisLeaseBackend:
@@ -187,6 +206,7 @@ class RedisLeaseBackend:
                 self._uncertain_token = None
             raise
         self._uncertain_token = None
+        self._preload_scripts_soon()
         try:
             code = int(reply[0])
             if code == 4:
@@ -227,6 +247,24 @@ class RedisLeaseBackend:
         clash = len(reply) > index and bool(int(reply[index])) and self._registered
         self._registered = True
         return clash
+
+    def _preload_scripts_soon(self) -> None:
+        """SCRIPT LOAD, once per client, of the scripts of a term: in a task of its own, started by
+        the first acquire that got an answer (the link works), and awaited by nobody.
+
+        Without it a daemon's first release meets NOSCRIPT and costs two more round trips (SCRIPT
+        LOAD, then the call again) on the path of a graceful handoff; a new leader's first renewal
+        the same. Off every request's path, so it never eats a request's time budget. Best effort:
+        a server that lost them later (restart, SCRIPT FLUSH), or never got them, is answered by
+        the NOSCRIPT retry as before. A cluster client is left to that retry, as before.
+        """
+        client = self._client
+        if client in _PRELOADED or isinstance(client, RedisCluster):
+            return
+        _PRELOADED.add(client)
+        task = asyncio.get_running_loop().create_task(_load_scripts(client), name="elector-preload-scripts")
+        _PRELOADING.add(task)
+        task.add_done_callback(_PRELOADING.discard)
 
     def _held(self, raw: bytes, pttl: int, *, identity_clash: bool = False) -> Held:
         """Held, after checking the value's protocol and noting its token and ttl."""

@@ -12,7 +12,7 @@ import pytest
 import redis.asyncio
 from redis.crc import key_slot
 
-from elector.backend import RedisLeaseBackend, RedisSettings, make_client
+from elector.backend import RedisLeaseBackend, RedisSettings, make_client, redis_lease
 from elector.backend.lua import lease as scripts
 from elector.lease import (
     BackendErrorKind,
@@ -379,3 +379,22 @@ async def test_a_counter_that_is_not_a_plain_exact_integer_is_refused(backend_fo
     with pytest.raises(LeaseBackendError, match="not an integer below 10") as info:
         await backend_for().acquire("a", ttl_ms=TTL_MS)
     assert info.value.kind is BackendErrorKind.DATA
+
+
+async def test_a_first_release_meets_no_noscript_the_first_acquire_loaded_it(backend_for, raw) -> None:
+    # The release is on the path of a graceful handoff: a NOSCRIPT there costs two round trips.
+    await seed_counter(raw)
+    await raw.script_flush()
+    backend = backend_for()
+    lease = (await grant(backend)).lease  # meets NOSCRIPT itself (flushed), then loads the rest
+    await asyncio.gather(*redis_lease._PRELOADING)  # the load runs beside, awaited by nobody
+    before = (await raw.info("errorstats")).get("errorstat_NOSCRIPT", {}).get("count", 0)
+    assert isinstance(await backend.renew(lease), Renewed)
+    assert await backend.release(lease)
+    after = (await raw.info("errorstats")).get("errorstat_NOSCRIPT", {}).get("count", 0)
+    assert after == before
+    # A server that lost its scripts later (a restart, SCRIPT FLUSH) is still answered by reloading.
+    await raw.script_flush()
+    lease = (await grant(backend)).lease
+    assert await backend.release(lease)
+    assert await raw.get(backend.keys.lease) is None

@@ -33,6 +33,7 @@ def test_each_benchmark_lives_in_the_subpackage_of_what_it_measures() -> None:
     assert sources == {
         "takeover": "bench/lease/takeover.py",
         "handoff": "bench/lease/handoff.py",
+        "handoff_trace": "bench/execmode/handoff_trace.py",
         "idle_requests": "bench/lease/idle_requests.py",
         "idle_resources": "bench/lease/idle_resources.py",
         "startup": "bench/lease/startup.py",

@@ -531,6 +531,24 @@ async def no_theft():
     return dict(child_state=child_state, swept=swept, returncode=exits[0].returncode)
 
 
+async def scan_only_for_zombies():
+    # The /proc scan of a sweep (every process's stat) runs only when some child is a zombie.
+    import elector.daemon.execmode.reaper as reaper_module
+    scans, real = [], reaper_module.all_procs
+    reaper_module.all_procs = lambda **kw: scans.append(1) or real(**kw)
+    child = subprocess.Popen(["sleep", "5"])
+    reaper = OrphanReaper(sweep_interval_s=60, exclude=lambda: child.pid, children=CHILDREN)
+    swept_running = reaper.sweep()
+    scans_running = len(scans)
+    child.kill()
+    zombie = await until(lambda: (stat(child.pid) or ["?"])[0] == "Z")
+    swept_zombie = reaper.sweep()
+    scans_zombie = len(scans) - scans_running
+    returncode = child.wait(timeout=1)
+    return dict(swept_running=swept_running, scans_running=scans_running, zombie=zombie,
+                swept_zombie=swept_zombie, scans_zombie=scans_zombie, returncode=returncode)
+
+
 (TMP / "result.json").write_text(json.dumps(asyncio.run(globals()[sys.argv[1]]())))
 """
 
@@ -589,6 +607,17 @@ def test_the_reaper_leaves_a_supervised_childs_zombie_to_asyncio(tmp_path: Path)
     assert found["child_state"] == "Z", "the scenario did hold an unreaped child"
     assert found["swept"] == []
     assert found["returncode"] == 6
+
+
+def test_a_sweep_scans_proc_only_when_a_child_is_a_zombie(tmp_path: Path) -> None:
+    # A keeper's exit (SIGCHLD) on a step-down's way to the release must not cost a /proc scan
+    # once asyncio has reaped it; a zombie, even an excluded one, still gets the scan.
+    found = run_scenario("scan_only_for_zombies", tmp_path)
+
+    assert found["swept_running"] == [] and found["scans_running"] == 0
+    assert found["zombie"] and found["scans_zombie"] == 1
+    assert found["swept_zombie"] == [], "the excluded child's status is left to its owner"
+    assert found["returncode"] == -signal.SIGKILL
 
 
 # -- Under a keeper (exec mode): the supervisor sees the keeper, and the command's own ending. ---
