@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from elector.election.hooks import ElectionHooks
 from elector.election.outcome import CycleOutcome, State, StepDownReason
+from elector.election.timers import SharedTimers
 from elector.election.timing import ElectionTiming
 from elector.lease import BackendErrorKind, Holder, Lease, LeaseBackend, LeaseBackendError, LeaseEvent
 
@@ -40,6 +41,7 @@ class ElectionCore:
         priority: int = 0,
         preempt_after_s: float | None = None,
         renew_jitter_share: float = 0.0,
+        shared_timers: SharedTimers | None = None,
     ) -> None:
         timing.validate()
         if not 0.0 <= renew_jitter_share < 0.5:
@@ -52,6 +54,9 @@ class ElectionCore:
         self._timing = timing
         self._hooks = hooks or ElectionHooks()
         self._clock = clock or asyncio.get_running_loop().time
+        #: Where the waits take their timers from: elections of one daemon that wake at the same
+        #: time share one (timers.py). On the elections' clock; None: the loop's own.
+        self._shared_timers = shared_timers
         self._rng = rng or random.Random()
         # The idle follower's request budget leaves room for one PING per ~6 ttl at most.
         self._keepalive_s = subscription_keepalive_s or max(60.0, 6 * timing.ttl_s)
