@@ -192,7 +192,8 @@ def run(ctx: Context) -> BenchResult:
         notes=[
             "The daemon spreads the first tries of its locks evenly over one renew interval (at most one "
             "start per ms, over at most one ttl), so that neither acquisitions nor renewals fall due "
-            "together; the batcher sends at most one pipeline per 2 ms. Each renewal is due on a 20 ms grid "
+            "together, in 20 ms groups whose acquisitions share a batch call; the batcher sends at most one "
+            "pipeline per 2 ms. Each renewal is due on a 100 ms grid "
             "inside its jitter range, so the renewals of many locks fall due at the same instants and go "
             "out as one batch script call (at most 100 locks each).",
             "--metrics-per-lock auto exports per-lock series up to 100 locks and aggregate ones above "

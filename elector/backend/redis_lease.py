@@ -97,6 +97,14 @@ class RedisLeaseBackend:
         self._batcher = batcher
         self._lock = lock
         self.keys = scripts.LockKeys(lock, prefix=key_prefix)
+        #: RENEW's keys, in its order: the same at every renewal.
+        self._renew_keys = (
+            self.keys.lease,
+            self.keys.candidates,
+            self.keys.candidate_expiry,
+            self.keys.handoff,
+            self.keys.meta,
+        )
         self._acquire = registered_script(client, scripts.ACQUIRE)
         self._renew = registered_script(client, scripts.RENEW)
         self._release = registered_script(client, scripts.RELEASE)
@@ -260,13 +268,7 @@ class RedisLeaseBackend:
 
     async def renew(self, lease: Lease, *, priority: int = 0) -> RenewResult:
         candidates.check_priority(priority, what="renew")
-        keys = [
-            self.keys.lease,
-            self.keys.candidates,
-            self.keys.candidate_expiry,
-            self.keys.handoff,
-            self.keys.meta,
-        ]
+        keys = self._renew_keys
         identity = candidates.encode_identity(lease.identity)
         args: list[str | int] = [lease.value, lease.ttl_ms, identity, priority]
         reply, acked = await self._call(
