@@ -25,6 +25,7 @@ from elector.daemon.leader_file import LEADER_FILE_WAIT_S, LeaderFileWriter
 from elector.daemon.logs import OutcomeLogger, make_logger
 from elector.daemon.settings import Settings
 from elector.election import CycleOutcome, Election, ElectionHooks, ElectionStatus, State, StepDownReason
+from elector.election.cadence import renew_grid_s
 from elector.election.clock import boottime
 from elector.election.timers import SharedTimers
 from elector.lease import Holder, Lease
@@ -123,6 +124,7 @@ class LockElection:
             # random generator (a Mersenne Twister's state is 2.5 KiB: 25 MiB at 10,000 locks).
             shared_timers=daemon.shared_timers,
             rng=None if daemon.shared_timers is None else _SHARED_RNG,
+            renew_grid_s=renew_grid_s(len(settings.locks), renew_interval_s=settings.timing.renew_interval_s),
         )
         #: What the HTTP thread reads of this election (see http_thread.py): republished by the
         #: election side at every cycle's outcome, at each term's start and end, and at the

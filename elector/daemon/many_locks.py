@@ -1,9 +1,8 @@
 """How a daemon of many locks starts them, stops them and keeps the garbage collector out of
 their way: one `Election` each on one event loop, up to 10,000 of them (docs/benchmarks.md).
 
-- start: `start_delays_s` spreads the first tries over one renew interval, in groups that start
-  together, so that each group's acquisitions go out as one batch script call while the groups
-  (and hence the renewals) do not fall due together;
+- start: `start_spacing_s` spreads the first tries so that acquisitions, and hence renewals,
+  never fall due together;
 - stop: `BatchedStop` releases them a batch at a time;
 - GC: `freeze_long_lived` moves what start-up built out of the collector's sight, then sets
   thresholds that leave the transient objects of a pipeline's batch alone.
@@ -34,22 +33,6 @@ def start_spacing_s(locks: int, *, ttl_s: float, renew_interval_s: float) -> flo
     if locks <= 1:
         return 0.0
     return min(ttl_s, max(renew_interval_s, locks * MIN_START_SPACING_S)) / locks
-
-
-#: Locks whose spread start times fall within one such slot start together, at the slot's
-#: beginning (seconds): their subscriptions share a moment and their acquisitions one batch script
-#: call (backend/pipeline.py), instead of one round trip per lock (a send is ~0.2-0.5 ms of CPU on
-#: a small VM: 10,000 of them were seconds of CPU at every start). Short enough that a group's
-#: start-up work (~0.3 ms a lock) never holds the loop long: ~20 locks at 10,000 locks.
-START_GROUP_S = 0.02
-
-
-def start_delays_s(locks: int, *, ttl_s: float, renew_interval_s: float) -> list[float]:
-    """The start delay of each of `locks` locks, in order: spread evenly (`start_spacing_s`),
-    then moved back to the start of their START_GROUP_S slot, so that the locks of one slot
-    start together. A single lock starts at once."""
-    spacing_s = start_spacing_s(locks, ttl_s=ttl_s, renew_interval_s=renew_interval_s)
-    return [(index * spacing_s // START_GROUP_S) * START_GROUP_S for index in range(locks)]
 
 
 #: A daemon of many locks stops (releases) this many locks at once, one batch per STOP_BATCH_INTERVAL_S

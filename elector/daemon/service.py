@@ -30,7 +30,7 @@ from elector.daemon.http import HttpBindError, HttpStats, HttpStatsCollector, ma
 from elector.daemon.http_thread import HttpThread, Listener
 from elector.daemon.lock_election import EXIT_LOST_LEADERSHIP, LockElection, republish
 from elector.daemon.logs import configure_logging, make_logger
-from elector.daemon.many_locks import BatchedStop, freeze_long_lived, start_delays_s
+from elector.daemon.many_locks import BatchedStop, freeze_long_lived, start_spacing_s
 from elector.daemon.settings import Settings
 from elector.daemon.testing_hooks import install_loop_block_hook
 from elector.election import CycleOutcome, Election
@@ -226,16 +226,16 @@ class Daemon:
             self.log.warning("redis_unreachable", error=str(exc), detail="at start-up")
         if self.master_watcher is not None:
             self.master_watcher.start()  # its loop never raises; closed in the finally below
-        delays_s = start_delays_s(len(self.locks), ttl_s=settings.timing.ttl_s,
-                                  renew_interval_s=settings.timing.renew_interval_s)  # fmt: skip
+        spread_s = start_spacing_s(len(self.locks), ttl_s=settings.timing.ttl_s,
+                                   renew_interval_s=settings.timing.renew_interval_s)  # fmt: skip
         gc_thresholds = gc.get_threshold()  # restored below (the library and tests run it in-process)
         if len(self.locks) > 1:
-            freeze_long_lived(until=loop.time() + delays_s[-1] + settings.timing.ttl_s)
+            freeze_long_lived(until=loop.time() + spread_s * len(self.locks) + settings.timing.ttl_s)
         self._tasks = [
             asyncio.create_task(
-                self._guarded(lock, start_delay_s=delay_s), name=f"election:{lock.election.lock}"
+                self._guarded(lock, start_delay_s=index * spread_s), name=f"election:{lock.election.lock}"
             )
-            for lock, delay_s in zip(self.locks, delays_s, strict=True)
+            for index, lock in enumerate(self.locks)
         ]
         # What the HTTP thread reads between cycles (see lock_election.republish).
         republisher = asyncio.create_task(republish(self.locks), name="status-republish")

@@ -15,6 +15,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 
+from elector.election.cadence import RENEW_GRID_S
 from elector.election.hooks import ElectionHooks
 from elector.election.outcome import CycleOutcome, State, StepDownReason
 from elector.election.timers import SharedTimers
@@ -42,6 +43,7 @@ class ElectionCore:
         preempt_after_s: float | None = None,
         renew_jitter_share: float = 0.0,
         shared_timers: SharedTimers | None = None,
+        renew_grid_s: float = RENEW_GRID_S,
     ) -> None:
         timing.validate()
         if not 0.0 <= renew_jitter_share < 0.5:
@@ -49,6 +51,11 @@ class ElectionCore:
         # Renewing up to this share of the interval early spreads locks whose renewals fell due
         # together (many locks started at once, or re-synchronised by an outage). Early is safe.
         self._renew_jitter_share = renew_jitter_share
+        #: With jitter on, renewals fall due on this grid (cadence.py; a daemon picks it by its
+        #: number of locks with `renew_grid_s`).
+        if renew_grid_s <= 0:
+            raise ValueError(f"renew_grid_s must be positive, got {renew_grid_s}")
+        self._renew_grid_s = renew_grid_s
         self._backend = backend
         self._identity = identity
         self._timing = timing

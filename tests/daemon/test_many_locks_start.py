@@ -16,10 +16,8 @@ from elector.daemon.lock_election import (
 )
 from elector.daemon.many_locks import (
     MIN_START_SPACING_S,
-    START_GROUP_S,
     STOP_BATCH,
     BatchedStop,
-    start_delays_s,
     start_spacing_s,
 )
 from elector.daemon.settings import SettingsError, build_settings
@@ -81,26 +79,6 @@ def test_a_daemon_of_many_locks_stops_them_in_batches_in_order() -> None:
 
     assert asyncio.run(main()) == list(range(STOP_BATCH))
     assert stopped == list(range(count))
-
-
-def test_locks_start_in_groups_spread_over_the_renew_interval() -> None:
-    delays = start_delays_s(1000, ttl_s=10.0, renew_interval_s=3.0)
-    assert len(delays) == 1000 and delays[0] == 0.0
-    assert delays == sorted(delays)
-    assert delays[-1] <= 3.0
-    # Each group starts at the beginning of its slot, a slot apart: their acquisitions ride one
-    # batch call, and the groups are spread over the whole interval.
-    groups = sorted(set(delays))
-    assert all(d / START_GROUP_S == pytest.approx(round(d / START_GROUP_S)) for d in groups)
-    assert len(groups) >= 3.0 / START_GROUP_S - 1
-    assert max(delays.count(d) for d in groups) <= math.ceil(START_GROUP_S / 0.003)
-    # No lock starts later than its even share of the interval would have it.
-    spacing = start_spacing_s(1000, ttl_s=10.0, renew_interval_s=3.0)
-    assert all(d <= i * spacing + 1e-9 for i, d in enumerate(delays))
-
-
-def test_a_single_lock_has_no_start_delay() -> None:
-    assert start_delays_s(1, ttl_s=10.0, renew_interval_s=3.0) == [0.0]
 
 
 def test_every_lock_is_republished_within_the_republish_cycle() -> None:
