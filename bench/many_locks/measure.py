@@ -167,9 +167,9 @@ class Run:
             return None
 
         try:
-            # Seeded locks are granted at once, brand-new ones after a ttl (2 ttl is the target at
-            # 10,000 locks): past 6 ttl, or 30 s per 10,000 locks, start-up has failed.
-            timeout_s = max(6 * TTL_S, 30.0 * self.count / 10_000)
+            # Seeded locks are granted at once (2 ttl is the target at 10,000 locks): past 12 ttl,
+            # or 30 s per 10,000 locks, start-up has failed.
+            timeout_s = max(12 * TTL_S, 30.0 * self.count / 10_000)
             entry = common.wait_until(all_acquired, timeout_s=timeout_s, what=f"{self.count} locks acquired")
         except BaseException:
             self.__exit__()
