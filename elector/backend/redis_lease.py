@@ -60,6 +60,22 @@ async def _load_scripts(client: redis.asyncio.Redis) -> None:
         await pipe.execute(raise_on_error=False)
 
 
+#: The scripts registered on each client, by their source: the backends of one client (a daemon
+#: of many locks has one per lock) share them. Registering hashes the script (SHA1 of a few KB):
+#: seven per lock were a tenth of 10,000 locks' start-up CPU, and an object each.
+_REGISTERED: weakref.WeakKeyDictionary[object, dict[str, AsyncScript]] = weakref.WeakKeyDictionary()
+
+
+def registered_script(client: redis.asyncio.Redis, script: str) -> AsyncScript:
+    """`client.register_script(script)`, made once per client and script. An AsyncScript keeps
+    no state of a call (its SHA1 only), so the backends of one client can share it."""
+    on_client = _REGISTERED.setdefault(client, {})
+    registered = on_client.get(script)
+    if registered is None:
+        registered = on_client[script] = client.register_script(script)
+    return registered
+
+
 class RedisLeaseBackend:
     """The `LeaseBackend` of one named lock on one Redis (standalone) server.
 
@@ -99,13 +115,22 @@ class RedisLeaseBackend:
         self._batcher = batcher
         self._lock = lock
         self.keys = scripts.LockKeys(lock, prefix=key_prefix)
-        self._acquire = client.register_script(scripts.ACQUIRE)
-        self._renew = client.register_script(scripts.RENEW)
-        self._release = client.register_script(scripts.RELEASE)
-        self._observe = client.register_script(scripts.OBSERVE)
-        self._withdraw = client.register_script(scripts.WITHDRAW)
-        self._request_handoff = client.register_script(scripts.REQUEST_HANDOFF)
-        self._candidates = client.register_script(scripts.CANDIDATES)
+        #: RENEW's keys, in its order: the same at every renewal.
+        self._renew_keys = (
+            self.keys.lease,
+            self.keys.candidates,
+            self.keys.candidate_expiry,
+            self.keys.handoff,
+            self.keys.meta,
+            self.keys.candidate_instances,
+        )
+        self._acquire = registered_script(client, scripts.ACQUIRE)
+        self._renew = registered_script(client, scripts.RENEW)
+        self._release = registered_script(client, scripts.RELEASE)
+        self._observe = registered_script(client, scripts.OBSERVE)
+        self._withdraw = registered_script(client, scripts.WITHDRAW)
+        self._request_handoff = registered_script(client, scripts.REQUEST_HANDOFF)
+        self._candidates = registered_script(client, scripts.CANDIDATES)
         self._uncertain_token: str | None = None
         #: What this contender has seen of the lock, for ACQUIRE (see scripts.py): the longest ttl
         #: in use and the highest fencing token.
@@ -298,14 +323,7 @@ class RedisLeaseBackend:
 
     async def renew(self, lease: Lease, *, priority: int = 0) -> RenewResult:
         candidates.check_priority(priority, what="renew")
-        keys = [
-            self.keys.lease,
-            self.keys.candidates,
-            self.keys.candidate_expiry,
-            self.keys.handoff,
-            self.keys.meta,
-            self.keys.candidate_instances,
-        ]
+        keys = self._renew_keys
         identity = candidates.encode_identity(lease.identity)
         args: list[str | int] = [lease.value, lease.ttl_ms, identity, priority, self.nonce]
         reply, acked = await self._call(

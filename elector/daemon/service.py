@@ -34,6 +34,8 @@ from elector.daemon.many_locks import BatchedStop, freeze_long_lived, start_spac
 from elector.daemon.settings import Settings
 from elector.daemon.testing_hooks import install_loop_block_hook
 from elector.election import CycleOutcome, Election
+from elector.election.clock import boottime
+from elector.election.timers import SharedTimers
 from elector.lease import LeaseBackendError
 from elector.metrics import MetricFamilies, register_process_metrics
 
@@ -56,6 +58,8 @@ class Daemon:
         self.settings = settings
         #: Called with (lock, outcome) for every cycle of every lock: for benchmarks and tests.
         self.outcome_observer = outcome_observer
+        #: Many locks wake at the same grid points (cadence.RENEW_GRID_S): one loop timer each.
+        self.shared_timers = SharedTimers(clock=boottime) if len(settings.locks) > 1 else None
         self.registry = registry if registry is not None else CollectorRegistry()
         self.exit_code = EXIT_OK
         self._signals_seen = 0

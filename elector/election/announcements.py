@@ -17,6 +17,7 @@ from elector.backoff import backoff_delay_s
 from elector.election.cadence import FAILURE_BACKOFF_JITTER
 from elector.election.core import ElectionCore, describe_error, logger
 from elector.election.outcome import State
+from elector.election.timers import SharedTimer
 from elector.lease import LeaseBackendError, LeaseEventKind
 
 #: A flood of announcements must not become a flood of requests.
@@ -47,8 +48,12 @@ class AnnouncementListener(ElectionCore):
                 continue
             # A timer that sets the event, rather than asyncio.timeout: a timeout cancels the
             # task and raises through it, which costs more than the rest of a renewal's cycle
-            # in a daemon of thousands of locks.
-            timer = asyncio.get_running_loop().call_later(remaining, self._wakeup.set)
+            # in a daemon of thousands of locks. Many elections share their wake-up's timer.
+            timer: asyncio.TimerHandle | SharedTimer
+            if self._shared_timers is not None:
+                timer = self._shared_timers.call_at(when, self._wakeup.set)
+            else:
+                timer = asyncio.get_running_loop().call_later(remaining, self._wakeup.set)
             try:
                 await self._wakeup.wait()
             finally:

@@ -15,9 +15,11 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 
+from elector.election.cadence import RENEW_GRID_S
 from elector.election.clash import ClashEpisodes
 from elector.election.hooks import ElectionHooks
 from elector.election.outcome import CycleOutcome, State, StepDownReason
+from elector.election.timers import SharedTimers
 from elector.election.timing import ElectionTiming
 from elector.lease import BackendErrorKind, Holder, Lease, LeaseBackend, LeaseBackendError, LeaseEvent
 
@@ -41,6 +43,8 @@ class ElectionCore:
         priority: int = 0,
         preempt_after_s: float | None = None,
         renew_jitter_share: float = 0.0,
+        shared_timers: SharedTimers | None = None,
+        renew_grid_s: float = RENEW_GRID_S,
     ) -> None:
         timing.validate()
         if not 0.0 <= renew_jitter_share < 0.5:
@@ -48,11 +52,19 @@ class ElectionCore:
         # Renewing up to this share of the interval early spreads locks whose renewals fell due
         # together (many locks started at once, or re-synchronised by an outage). Early is safe.
         self._renew_jitter_share = renew_jitter_share
+        #: With jitter on, renewals fall due on this grid (cadence.py; a daemon picks it by its
+        #: number of locks with `renew_grid_s`).
+        if renew_grid_s <= 0:
+            raise ValueError(f"renew_grid_s must be positive, got {renew_grid_s}")
+        self._renew_grid_s = renew_grid_s
         self._backend = backend
         self._identity = identity
         self._timing = timing
         self._hooks = hooks or ElectionHooks()
         self._clock = clock or asyncio.get_running_loop().time
+        #: Where the waits take their timers from: elections of one daemon that wake at the same
+        #: time share one (timers.py). On the elections' clock; None: the loop's own.
+        self._shared_timers = shared_timers
         self._rng = rng or random.Random()
         # The idle follower's request budget leaves room for one PING per ~6 ttl at most.
         self._keepalive_s = subscription_keepalive_s or max(60.0, 6 * timing.ttl_s)

@@ -456,6 +456,7 @@ class Election(SteppingDown, AnnouncementListener):
             jitter_share=self._renew_jitter_share,
             first=first,
             rng=self._rng,
+            grid_s=self._renew_grid_s,
         )
 
     def _jitter(self) -> float:

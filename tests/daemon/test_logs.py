@@ -340,3 +340,39 @@ def test_an_identity_clash_is_one_warning_per_episode(output: Output) -> None:
 def test_without_an_identity_clashes_are_not_tracked(output: Output, outcome_logger: OutcomeLogger) -> None:
     outcome_logger(outcome(OutcomeKind.HELD, holder=ME, identity_clash=True))
     assert output.events("warning") == []
+
+
+def test_a_renewal_ends_an_outage_and_a_foreign_value_as_any_answer_does(
+    output: Output, outcome_logger: OutcomeLogger
+) -> None:
+    outcome_logger(outcome(OutcomeKind.HELD, holder=None, at=1.0))  # a value elector did not write
+    outcome_logger(outcome(OutcomeKind.RENEWED, holder=ME, at=2.0))
+    outcome_logger(outcome(OutcomeKind.HELD, holder=None, at=3.0))  # news again after an answer
+    outcome_logger(outcome(OutcomeKind.RENEW_ERROR, error="timeout", at=4.0))
+    outcome_logger(outcome(OutcomeKind.RENEWED, holder=ME, at=5.0))
+    outcome_logger(outcome(OutcomeKind.RENEWED, holder=ME, at=6.0))
+    edges = [
+        line for line in output.lines() if line["level"] != "debug" and line["event"] != "new_leader_observed"
+    ]
+    assert [line["event"] for line in edges] == [
+        "lock_held_by_foreign_value",
+        "lock_held_by_foreign_value",
+        "redis_unreachable",
+        "redis_reachable",
+    ]
+    assert edges[-1]["unreachable_for_s"] == 1.0
+    assert output.events("debug").count("renewed") == 3
+
+
+def test_renewals_follow_a_log_level_changed_at_run_time(
+    output: Output, outcome_logger: OutcomeLogger
+) -> None:
+    logger = logging.getLogger("elector.test.outcomes")
+    logger.setLevel(logging.INFO)
+    try:
+        outcome_logger(outcome(OutcomeKind.RENEWED, holder=ME))
+        logger.setLevel(logging.DEBUG)
+        outcome_logger(outcome(OutcomeKind.RENEWED, holder=ME))
+    finally:
+        logger.setLevel(logging.NOTSET)
+    assert output.events("debug").count("renewed") == 1

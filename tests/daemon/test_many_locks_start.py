@@ -4,10 +4,22 @@ metrics mode."""
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
-from elector.daemon.many_locks import MIN_START_SPACING_S, STOP_BATCH, BatchedStop, start_spacing_s
+from elector.daemon.lock_election import (
+    REPUBLISH_CYCLE_S,
+    REPUBLISH_MIN_BATCH,
+    REPUBLISH_PERIOD_S,
+    republish_batch,
+)
+from elector.daemon.many_locks import (
+    MIN_START_SPACING_S,
+    STOP_BATCH,
+    BatchedStop,
+    start_spacing_s,
+)
 from elector.daemon.settings import SettingsError, build_settings
 
 
@@ -67,3 +79,12 @@ def test_a_daemon_of_many_locks_stops_them_in_batches_in_order() -> None:
 
     assert asyncio.run(main()) == list(range(STOP_BATCH))
     assert stopped == list(range(count))
+
+
+def test_every_lock_is_republished_within_the_republish_cycle() -> None:
+    for locks in (1, 10, REPUBLISH_MIN_BATCH, 1000, 10_000, 100_000):
+        batch = republish_batch(locks)
+        wakes = math.ceil(locks / batch)
+        assert wakes * REPUBLISH_PERIOD_S <= REPUBLISH_CYCLE_S
+    # A small daemon republishes every lock at every wake, as before.
+    assert republish_batch(REPUBLISH_MIN_BATCH) >= REPUBLISH_MIN_BATCH
