@@ -201,7 +201,11 @@ async def test_the_owner_token_has_128_bits_from_secrets(
             tokens.add(json.loads(result.lease.value)["token"])
     finally:
         await client.aclose()
-    assert [nbytes for nbytes, _ in drawn] == [16] * 20  # 16 bytes = 128 bits, once per grant
-    assert tokens == {token for _, token in drawn}  # the stored token is exactly the drawn one
+    # The backend's instance nonce (8 bytes, drawn once: it tells two processes of one identity
+    # apart in the candidate registry, and is no secret) comes first; then one owner token of
+    # 16 bytes = 128 bits per grant.
+    assert [nbytes for nbytes, _ in drawn] == [8] + [16] * 20
+    assert drawn[0][1] == backend.nonce
+    assert tokens == {token for _, token in drawn[1:]}  # the stored token is exactly the drawn one
     secret = json.loads(result.lease.value)["token"]
     assert secret not in repr(result.lease) and secret not in str(result)

@@ -252,8 +252,15 @@ def test_this_file_runs_where_pidfds_exist() -> None:
 
 def test_the_filtered_process_scan_finds_what_the_full_one_does() -> None:
     me, session = os.getpid(), os.getsid(0)
-    full = {proc.pid for proc in proctree.all_procs() if proc.sid == session or proc.ppid == me}
-    assert {proc.pid for proc in proctree.all_procs(session=session, parent=me)} == full
-    assert {proc.pid for proc in proctree.all_procs(parent=me)} == {
-        proc.pid for proc in proctree.all_procs() if proc.ppid == me
-    }
+
+    def full() -> set[int]:
+        return {proc.pid for proc in proctree.all_procs() if proc.sid == session or proc.ppid == me}
+
+    # Other tests' processes (xdist workers share the session) come and go between two scans: the
+    # filtered scan must see every process both full scans around it saw, and nothing neither saw.
+    before = full()
+    filtered = {proc.pid for proc in proctree.all_procs(session=session, parent=me)}
+    after = full()
+    assert before & after <= filtered <= before | after, (before, filtered, after)
+    children = {proc.pid for proc in proctree.all_procs() if proc.ppid == me}
+    assert {proc.pid for proc in proctree.all_procs(parent=me)} == children
