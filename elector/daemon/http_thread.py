@@ -42,6 +42,9 @@ START_WAIT_S = 10.0
 #: The HTTP thread's CPU budget: at most this share of a core, measured over each window.
 HTTP_CPU_SHARE = 0.5
 CPU_WINDOW_S = 0.05
+#: The governor's window while the thread is idle (used under IDLE_CPU_SHARE of the last one).
+IDLE_WINDOW_S = 0.2
+IDLE_CPU_SHARE = 0.02
 #: The longest the governor idles the thread at once, seconds.
 MAX_IDLE_S = 0.1
 
@@ -217,10 +220,16 @@ async def _govern_cpu() -> None:
     """
     loop = asyncio.get_running_loop()
     cpu, wall = time.thread_time(), loop.time()
+    window_s = IDLE_WINDOW_S
     while True:
-        await asyncio.sleep(CPU_WINDOW_S)
+        await asyncio.sleep(window_s)
         used, elapsed = time.thread_time() - cpu, loop.time() - wall
-        idle_s = min(MAX_IDLE_S, used / HTTP_CPU_SHARE - elapsed)
+        # After an idle window a flood may have had all of it: paid back in full (at most that
+        # window), so that the share holds from the flood's first moment.
+        idle_s = min(max(MAX_IDLE_S, window_s), used / HTTP_CPU_SHARE - elapsed)
         if idle_s > 0:
             time.sleep(idle_s)  # noqa: ASYNC251 - deliberately blocking: this thread's own budget
+        # An idle thread is looked at seldom (20 wake-ups a second were most of an idle daemon's
+        # CPU); one that worked, every CPU_WINDOW_S. A flood is caught within IDLE_WINDOW_S.
+        window_s = CPU_WINDOW_S if used > IDLE_CPU_SHARE * elapsed else IDLE_WINDOW_S
         cpu, wall = time.thread_time(), loop.time()
