@@ -62,10 +62,19 @@ class HttpAttacks:
                 timing=ElectionTiming.from_ttl(cluster.ttl_s),
             )
 
-            def journal(node: Node = node, child: int = child) -> None:
+            # The newest term as the attack starts: what it must not end. The child found above
+            # can be a moment stale on a loaded machine (a takeover by the same node whose new
+            # child had not journaled yet: seen in a loaded soak), so it is read again then.
+            at_start: list[tuple[Node, int]] = []
+
+            def journal(
+                node: Node = node, child: int = child, at_start: list[tuple[Node, int]] = at_start
+            ) -> None:
+                found = cluster.leader()
+                at_start.append(found if found is not None else (node, child))
                 cluster.journal.append(
-                    "fault", fault=HTTP_ATTACK, t=time.monotonic(), target=node.identity,
-                    target_pid=child, excuse_s=0.0, takeover=False, attack=attack,
+                    "fault", fault=HTTP_ATTACK, t=time.monotonic(), target=at_start[0][0].identity,
+                    target_pid=at_start[0][1], excuse_s=0.0, takeover=False, attack=attack,
                 )  # fmt: skip
 
             try:
@@ -76,6 +85,8 @@ class HttpAttacks:
                 time.sleep(cluster.ttl_s)
                 continue
             self.runs.append(figures)
+            if at_start:
+                node, child = at_start[0]
             found = cluster.leader()
             if found is None or found[1] != child:
                 now = "none" if found is None else f"{found[0].identity}'s child {found[1]}"
