@@ -256,11 +256,13 @@ def test_the_filtered_process_scan_finds_what_the_full_one_does() -> None:
     def full() -> set[int]:
         return {proc.pid for proc in proctree.all_procs() if proc.sid == session or proc.ppid == me}
 
-    # Other tests' processes (xdist workers share the session) come and go between two scans: the
-    # filtered scan must see every process both full scans around it saw, and nothing neither saw.
+    # Other tests' processes (xdist workers share the session) come and go between scans, some
+    # living only for the length of one: the filtered scan must find every process that both full
+    # scans around it saw, and only processes that match (a newcomer seen by it alone is fine).
     before = full()
-    filtered = {proc.pid for proc in proctree.all_procs(session=session, parent=me)}
+    filtered = proctree.all_procs(session=session, parent=me)
     after = full()
-    assert before & after <= filtered <= before | after, (before, filtered, after)
+    assert before & after <= {proc.pid for proc in filtered}, (before & after) - {p.pid for p in filtered}
+    assert all(proc.sid == session or proc.ppid == me for proc in filtered)
     children = {proc.pid for proc in proctree.all_procs() if proc.ppid == me}
     assert {proc.pid for proc in proctree.all_procs(parent=me)} == children
