@@ -162,7 +162,14 @@ async def test_a_cut_connection_fails_every_subscription_then_one_reconnect_serv
     # At once (not a timeout): 1 s for 50 on an idle machine, plus what the loop was measured
     # to run late by (a loaded machine), for the reader's wake-up and the closes after it.
     assert time.monotonic() - started < 1.0 + 2 * lateness.worst_s, lateness
-    assert await pubsub_clients(raw) == []
+    # The proxy closes its side to Redis as it cuts; Redis drops the client when it reads that
+    # close, a moment later on a loaded machine (a fresh-clone run saw it still listed).
+    left: list[object] = []
+    for _ in range(500):  # up to ~5 s: a bound on a hang only
+        if not (left := await pubsub_clients(raw)):
+            break
+        await asyncio.sleep(0.01)
+    assert left == []
 
     tcp_proxy.restore()
 
