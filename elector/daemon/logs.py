@@ -241,6 +241,7 @@ class OutcomeLogger:
             and outcome.step_down_reason is None
             and outcome.token_regressed_from is None
             and self._backend_failing_since is None
+            and not outcome.identity_clash
         ):
             # The plain renewal, by far the most common outcome: what the trackers below would
             # do with it (no line above DEBUG), without walking them.

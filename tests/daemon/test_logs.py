@@ -337,6 +337,16 @@ def test_an_identity_clash_is_one_warning_per_episode(output: Output) -> None:
     assert warnings[1]["holder"] == "pod-a" and warnings[1]["holder_fencing_token"] == 9
 
 
+def test_a_leaders_renewal_that_reports_a_clash_is_warned(output: Output) -> None:
+    """A follower registering under the leader's identity shows in the leader's renewals: the
+    plain-renewal shortcut must not swallow it."""
+    log = OutcomeLogger(make_logger("elector.test.outcomes", context=context), identity="pod-a", ttl_s=1.0)
+    log(outcome(OutcomeKind.RENEWED, holder=ME, at=1.0))
+    log(outcome(OutcomeKind.RENEWED, holder=ME, at=1.3, identity_clash=True))
+    log(outcome(OutcomeKind.RENEWED, holder=ME, at=1.6, identity_clash=True))
+    assert output.events("warning") == ["identity_clash"]
+
+
 def test_without_an_identity_clashes_are_not_tracked(output: Output, outcome_logger: OutcomeLogger) -> None:
     outcome_logger(outcome(OutcomeKind.HELD, holder=ME, identity_clash=True))
     assert output.events("warning") == []
