@@ -4,7 +4,8 @@ A CI machine is often shared and busy; the suite must hold there too (a flaky te
 test). This reproduces such a machine on any machine: for the suite's whole length it runs
 
 - two busy processes (a spinning loop each: on two cores, every test competes for the CPU),
-- a disk writer (writes and fsyncs 64 MiB files in a loop: page cache and I/O pressure), and
+- a disk writer (rewrites a 64 MiB file at up to 32 MiB/s, fsyncing every 8 MiB: page cache and
+  I/O pressure), and
 - the fault suite's soak (tests/faults/test_mix.py, plain-Redis mix, --faults-profile=soak) in
   back-to-back runs: redis-servers, daemons, proxies and their faults, a realistic neighbour.
 
@@ -44,20 +45,28 @@ PYTEST = ROOT / ".venv" / "bin" / "pytest"
 #: A spinning loop that ends when its parent (this script) is gone, even after a SIGKILL of it.
 BUSY = "import os, sys\nparent = int(sys.argv[1])\nwhile os.getppid() == parent:\n    pass\n"
 
-#: Writes and fsyncs a 64 MiB file, again and again, until its parent is gone.
+#: Rewrites a 64 MiB file in place, fsyncing every 8 MiB, at up to 32 MiB/s, until its parent is gone.
+#: In place and paced: writing and unlinking whole files as fast as the disk takes them turned every
+#: unlink into a discard of 64 MiB on a disk mounted with `discard`, and every other process's rmdir
+#: (pytest's temporary directories) then waited seconds to minutes in the kernel: a load that stalls
+#: the disk for everyone, not the busy neighbour a CI machine has.
 WRITER = """\
-import os, sys
+import os, sys, time
 parent, path = int(sys.argv[1]), sys.argv[2]
 block = os.urandom(1 << 20)
+fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+offset, started, written = 0, time.monotonic(), 0
 while os.getppid() == parent:
-    with open(path, "wb") as out:
-        for _ in range(64):
-            out.write(block)
-            if os.getppid() != parent:
-                break
-        out.flush()
-        os.fsync(out.fileno())
-    os.unlink(path)
+    os.pwrite(fd, block, offset)
+    offset = (offset + len(block)) % (64 << 20)
+    written += 1
+    if written % 8 == 0:
+        os.fsync(fd)
+    ahead = written / 32 - (time.monotonic() - started)
+    if ahead > 0:
+        time.sleep(ahead)
+os.close(fd)
+os.unlink(path)
 """
 
 #: How long a soak run's fault mix lasts; runs follow each other until the suite ends.
@@ -217,6 +226,12 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--soak-minutes", type=float, default=SOAK_MINUTES, help="length of each soak run")
     parser.add_argument("command", nargs="*", default=["make", "test"], help="the suite (default: make test)")
     args = parser.parse_args(argv)
+    # A shell that starts us in the background (`make test-loaded &`, nohup, many CI runners) leaves
+    # SIGINT ignored, and an ignored signal stays ignored across exec: the suite and the soak would
+    # then never see the interrupt that stops them with their teardown (their Redis and daemons).
+    # Python only installs its KeyboardInterrupt handler when SIGINT is not ignored at start-up, so
+    # the default must be back before the first child is spawned.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if not PYTEST.exists():
         subprocess.run(["make", "setup"], cwd=ROOT, check=True)
 
