@@ -380,7 +380,11 @@ def test_the_command_is_gone_before_the_lease_can_expire_when_the_daemon_alone_d
     if fault != "sigkill":
         wait_until(lambda: any(line.get("event") == "stepped_down" for line in a.log_lines()), timeout_s=8)
         reasons = [line["reason"] for line in a.log_lines() if line.get("event") == "stepped_down"]
-        assert reasons[0] in ("lease_expired", "lost", "resigned"), reasons
+        # Stalled past its renew deadline and its lease's end, the daemon meets two overdue timers
+        # when it runs again; which comes first is the scheduler's choice (renew_deadline came first
+        # at load 11). Either is a step-down for time it lost, and the command was gone before the
+        # lease could expire (above): that is what this test proves.
+        assert reasons[0] in ("lease_expired", "lost", "resigned", "renew_deadline"), reasons
         assert a.process.poll() is None, "the daemon itself lives on, and contends again"
     if fault == "blocked_loop":
         assert [line for line in a.log_lines() if line.get("event") == "testing_hook_blocking_loop"]
