@@ -9,6 +9,13 @@ every process of it is gone (see supervisor.py for the guarantees).
 * Exits are seen through pidfds (`ExitWatch`) and the child's own exit, the tree looked at again
   after each; without pidfds, every `_POLL_S`. After SIGKILL the wait is bounded by
   `KILL_REAP_SLACK_S`: what is still alive then is returned (survivors).
+* A process still there at that deadline but already dying (a SIGKILL pending on it, or in its
+  exit) is not a survivor unless it sleeps uninterruptibly (state D): it can never run its own
+  code again, which is all that "gone" ever promised (a gone process's last writes may be in
+  flight too). Under load, 200 SIGKILLed processes took over the 0.1 s slack just to be scheduled
+  to die: reported as survivors, they withheld the release, and the lease was left to lapse.
+  A process in D is still reported: its syscall (a write to a network file system) can complete
+  long after.
 * With its keeper lost (`Run.keeper_lost`), nobody else follows the command's escaped chains: the
   whole /proc table is read and the closure of the tree's descendants taken (as the keeper does),
   so a chain whose parents live goes in one pass, within the SIGKILL slack.
@@ -39,6 +46,44 @@ _POLL_S = 0.01
 #: With pidfds, exits wake stop() at once; this only bounds how long a process forked by a member
 #: that ignores SIGTERM goes unsignalled (no exit announces it).
 _RESCAN_S = 0.1
+#: /proc/PID/stat's flags: the task is in do_exit().
+_PF_EXITING = 0x4
+#: SIGKILL's bit in /proc/PID/status's SigPnd (the thread's pending set) and ShdPnd (the process's).
+_SIGKILL_PENDING = 1 << (signal.SIGKILL - 1)
+
+
+def dying(pid: int) -> bool:
+    """Whether `pid` can never run its own code again: gone, exiting, or a SIGKILL pending on it,
+    and not in uninterruptible sleep. Unreadable for another reason (not Linux's format, a
+    permission): not dying, the cautious answer."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            stat = stat_file.read()
+        with open(f"/proc/{pid}/status", "rb") as status_file:
+            status = status_file.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    except OSError:
+        return False
+    return dying_from(stat, status)
+
+
+def dying_from(stat: bytes, status: bytes) -> bool:
+    """`dying`, from the contents of /proc/PID/stat and /proc/PID/status."""
+    try:
+        fields = stat[stat.rindex(b")") + 2 :].split(maxsplit=8)
+        state, flags = fields[0], int(fields[6])
+        pending = 0
+        for line in status.splitlines():
+            if line.startswith((b"SigPnd:", b"ShdPnd:")):
+                pending |= int(line.split()[1], 16)
+    except (ValueError, IndexError):
+        return False
+    if state in (b"Z", b"X", b"x"):
+        return True
+    if state == b"D":
+        return False
+    return bool(flags & _PF_EXITING or pending & _SIGKILL_PENDING)
 
 
 class TreeStopper:
@@ -116,7 +161,14 @@ class TreeStopper:
                             await run.exited.wait()
                     return ()
                 if now >= deadline or (sig is signal.SIGTERM and run.hurry.is_set()):
-                    return tuple(sorted(alive))
+                    if sig is not signal.SIGKILL:
+                        return tuple(sorted(alive))
+                    survivors = [pid for pid in alive if not dying(pid)]
+                    if len(survivors) < len(alive):
+                        self._log.info(
+                            "child_tree_dying_after_kill", pid=run.pid, dying=len(alive) - len(survivors)
+                        )
+                    return tuple(sorted(survivors))
                 # Look again once all of them exited (each exit is announced; one that exits
                 # between the look and here fires at once), on a hurry, or after a while for
                 # what was forked since; without pidfds, every _POLL_S.
