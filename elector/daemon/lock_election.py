@@ -27,7 +27,7 @@ from elector.daemon.settings import Settings
 from elector.election import CycleOutcome, Election, ElectionHooks, ElectionStatus, State, StepDownReason
 from elector.election.cadence import renew_grid_s
 from elector.election.clock import boottime
-from elector.election.timers import SharedTimers
+from elector.election.timers import SharedTimers, StartGate
 from elector.lease import Holder, Lease
 from elector.metrics import ElectionMetrics, MetricFamilies
 
@@ -296,7 +296,7 @@ class LockElection:
         # A write that failed (logged by the writer) leaves the old content: sit out its validity.
         await asyncio.sleep(max(0.0, deadline - self.election.status().now))
 
-    async def run(self, *, start_delay_s: float = 0.0) -> None:
+    async def run(self, *, start_gate: StartGate | None = None) -> None:
         keeper = None
         if self.leader_file is not None:
             await self.flush_leader_file()  # written in __init__ already: a retry if that failed
@@ -304,7 +304,7 @@ class LockElection:
         # Runs once the election has begun (its first wait): the snapshot then says "started".
         asyncio.get_running_loop().call_soon(self.publish)
         try:
-            await self.election.run(start_delay_s=start_delay_s)
+            await self.election.run(start_gate=start_gate)
         finally:
             self.publish()
             if keeper is not None:

@@ -1,8 +1,9 @@
 """How a daemon of many locks starts them, stops them and keeps the garbage collector out of
 their way: one `Election` each on one event loop, up to 10,000 of them (docs/benchmarks.md).
 
-- start: `start_spacing_s` spreads the first tries so that acquisitions, and hence renewals,
-  never fall due together;
+- start: a `StartGate` admits the first tries `start_spacing_s` apart, so that acquisitions, and
+  hence renewals, never fall due together, and a few at a time, so that a busy loop slows the
+  starts down instead of timing them out;
 - stop: `BatchedStop` releases them a batch at a time;
 - GC: `freeze_long_lived` moves what start-up built out of the collector's sight, then sets
   thresholds that leave the transient objects of a pipeline's batch alone.
@@ -11,9 +12,11 @@ their way: one `Election` each on one event loop, up to 10,000 of them (docs/ben
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import gc
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 #: A daemon of many locks starts one lock at most this often (seconds): each start subscribes,
@@ -33,6 +36,102 @@ def start_spacing_s(locks: int, *, ttl_s: float, renew_interval_s: float) -> flo
     if locks <= 1:
         return 0.0
     return min(ttl_s, max(renew_interval_s, locks * MIN_START_SPACING_S)) / locks
+
+
+#: A daemon of many locks has at most this many locks between their admission and the end of
+#: their first cycle (subscribe, acquire, the first outcome). When the loop is healthy a start
+#: takes a few ms and the spacing alone paces them; on a busy or starved loop the answers come
+#: late, and new starts then wait for them instead of piling up: 10,000 starts on a fixed
+#: schedule outran a loaded 2-core machine, their acquisitions timed out after 1 s and their
+#: retries, warnings and step-downs kept the loop saturated for good.
+MAX_STARTS_IN_FLIGHT = 32
+
+
+class _Turn:
+    """One election's place at a `StartGate` (election/timers.py's `StartTurn`)."""
+
+    __slots__ = ("_admit", "_gate", "state")
+
+    WAITING, ADMITTED, ENDED = 0, 1, 2
+
+    def __init__(self, gate: StartGate, admit: Callable[[], None]) -> None:
+        self._gate = gate
+        self._admit: Callable[[], None] | None = admit
+        self.state = _Turn.WAITING
+
+    def admit(self) -> None:
+        self.state = _Turn.ADMITTED
+        admit, self._admit = self._admit, None
+        if admit is not None:
+            admit()
+
+    def end(self) -> None:
+        if self.state == _Turn.ENDED:
+            return
+        admitted = self.state == _Turn.ADMITTED
+        self.state = _Turn.ENDED
+        self._admit = None
+        if admitted:
+            self._gate.turn_ended()
+
+
+class StartGate:
+    """The turns of a daemon's locks to start: in order, at least `spacing_s` apart, and at most
+    `max_in_flight` at once between a turn's admission and its first cycle's end (each election
+    ends its turn then, see `Election.run`).
+
+    Closed loop rather than a schedule: starts go as fast as the spacing allows while earlier
+    ones are answered promptly, and slow down to the pace at which the loop answers them when
+    it is busy. One loop timer at a time, not one per lock.
+    """
+
+    def __init__(self, *, spacing_s: float, max_in_flight: int = MAX_STARTS_IN_FLIGHT) -> None:
+        if spacing_s < 0 or max_in_flight < 1:
+            raise ValueError("spacing_s must not be negative and max_in_flight must be positive")
+        self._spacing_s = spacing_s
+        self._max_in_flight = max_in_flight
+        self._waiting: collections.deque[_Turn] = collections.deque()
+        self._in_flight = 0
+        #: Loop time before which the next turn is not admitted.
+        self._next_at = -math.inf
+        self._handle: asyncio.TimerHandle | None = None
+
+    @property
+    def in_flight(self) -> int:
+        """Turns admitted and not ended (for tests)."""
+        return self._in_flight
+
+    def request(self, admit: Callable[[], None]) -> _Turn:
+        """Queue a turn; `admit` is called (on the running loop) when it comes."""
+        turn = _Turn(self, admit)
+        self._waiting.append(turn)
+        self._pump()
+        return turn
+
+    def turn_ended(self) -> None:
+        self._in_flight -= 1
+        self._pump()
+
+    def _pump(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._waiting and self._in_flight < self._max_in_flight:
+            if self._waiting[0].state == _Turn.ENDED:  # stopped while it waited
+                self._waiting.popleft()
+                continue
+            now = loop.time()
+            if now < self._next_at:
+                if self._handle is None:
+                    self._handle = loop.call_at(self._next_at, self._on_timer)
+                return
+            turn = self._waiting.popleft()
+            self._in_flight += 1
+            # From now, not from the schedule: a start that came late is not followed by a burst.
+            self._next_at = now + self._spacing_s
+            turn.admit()
+
+    def _on_timer(self) -> None:
+        self._handle = None
+        self._pump()
 
 
 #: A daemon of many locks stops (releases) this many locks at once, one batch per STOP_BATCH_INTERVAL_S

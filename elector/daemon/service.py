@@ -30,7 +30,7 @@ from elector.daemon.http import HttpBindError, HttpStats, HttpStatsCollector, ma
 from elector.daemon.http_thread import HttpThread, Listener
 from elector.daemon.lock_election import EXIT_LOST_LEADERSHIP, LockElection, republish
 from elector.daemon.logs import configure_logging, make_logger
-from elector.daemon.many_locks import BatchedStop, freeze_long_lived, start_spacing_s
+from elector.daemon.many_locks import BatchedStop, StartGate, freeze_long_lived, start_spacing_s
 from elector.daemon.settings import Settings
 from elector.daemon.testing_hooks import install_loop_block_hook
 from elector.election import CycleOutcome, Election
@@ -240,11 +240,10 @@ class Daemon:
             # Now (imports, settings, HTTP) and once more when the first term has settled.
             gc.freeze()
             freeze = loop.call_later(settings.timing.ttl_s, gc.freeze)
+        gate = StartGate(spacing_s=spread_s) if len(self.locks) > 1 else None
         self._tasks = [
-            asyncio.create_task(
-                self._guarded(lock, start_delay_s=index * spread_s), name=f"election:{lock.election.lock}"
-            )
-            for index, lock in enumerate(self.locks)
+            asyncio.create_task(self._guarded(lock, start_gate=gate), name=f"election:{lock.election.lock}")
+            for lock in self.locks
         ]
         # What the HTTP thread reads between cycles (see lock_election.republish).
         republisher = asyncio.create_task(republish(self.locks), name="status-republish")
@@ -297,9 +296,9 @@ class Daemon:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._linger_cut.wait(), timeout=linger_s)
 
-    async def _guarded(self, lock: LockElection, *, start_delay_s: float = 0.0) -> None:
+    async def _guarded(self, lock: LockElection, *, start_gate: StartGate | None = None) -> None:
         try:
-            await lock.run(start_delay_s=start_delay_s)
+            await lock.run(start_gate=start_gate)
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -45,6 +45,7 @@ from elector.election.cadence import failure_backoff_s, ms, next_renewal_at, wak
 from elector.election.core import describe_error, error_kind_of
 from elector.election.outcome import CycleOutcome, ElectionStatus, OutcomeKind, State, StepDownReason
 from elector.election.stepping_down import SteppingDown
+from elector.election.timers import StartGate, StartTurn
 from elector.election.timing import ElectionTiming
 from elector.lease import Candidate, Granted, Handoff, Held, LeaseBackendError, Lost, QuietPeriod, StandBack
 
@@ -129,19 +130,22 @@ class Election(SteppingDown, AnnouncementListener):
             self._hold_lifted = True
             self._wakeup.set()
 
-    async def run(self, *, start_delay_s: float = 0.0) -> None:
+    async def run(self, *, start_delay_s: float = 0.0, start_gate: StartGate | None = None) -> None:
         """Contend, lead and step down until `stop()`; returns after releasing a held lease.
 
         `start_delay_s`: wait this long before subscribing and the first try (a stop meanwhile
-        ends the run without any request). A daemon of many locks spreads their starts with it,
-        so that neither their subscriptions, nor their acquisitions, nor (hence) their renewals
-        fall due together.
+        ends the run without any request). `start_gate`: then wait for a turn of it, which this
+        election holds until its first cycle has ended. A daemon of many locks paces their
+        starts with a gate (daemon/many_locks.py), so that neither their subscriptions, nor their
+        acquisitions, nor (hence) their renewals fall due together, and so that starts wait for
+        earlier ones to be answered instead of piling up on a busy loop.
         """
         if start_delay_s < 0:
             raise ValueError(f"start_delay_s must not be negative, got {start_delay_s}")
         self._started = True
         self._stop_hook_called = False
         listener: asyncio.Task[None] | None = None
+        turn: StartTurn | None = None
         try:
             if start_delay_s > 0:
                 start_at = self._clock() + start_delay_s
@@ -149,6 +153,10 @@ class Election(SteppingDown, AnnouncementListener):
                 await self._sleep_until(start_at)
                 if self._stop_requested:
                     return  # nothing was tried, nothing registered: the run's own end follows
+            if start_gate is not None:
+                turn = await self._wait_for_turn(start_gate)
+                if self._stop_requested:
+                    return  # as above
             listener = asyncio.create_task(self._listen(), name=f"elector:{self.lock}:announcements")
             # Subscribe before the first try, so that no release can slip in between. Without a
             # subscription we still work, only slower to notice releases.
@@ -170,10 +178,15 @@ class Election(SteppingDown, AnnouncementListener):
                         # max: a withheld release has already set the later time the lease lapses.
                         self._contend_not_before = max(self._contend_not_before, self._clock() + stand_back_s)
                 outcome = await self.step()
+                if turn is not None:
+                    turn.end()  # the first cycle has ended: the next election's turn
+                    turn = None
                 if outcome.next_cycle_at is None:
                     continue
                 await self._sleep_until(outcome.next_cycle_at)
         finally:
+            if turn is not None:
+                turn.end()
             if listener is not None:
                 listener.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -191,6 +204,23 @@ class Election(SteppingDown, AnnouncementListener):
                 self._state = State.STOPPED
                 await self._close_run()
             self._state = State.STOPPED
+
+    async def _wait_for_turn(self, gate: StartGate) -> StartTurn:
+        """Wait for a turn of `gate` (or a stop). No cycle is due meanwhile: the wait is as long
+        as the earlier starts take, and liveness must not take it for a stuck loop."""
+        admitted = False
+
+        def admit() -> None:
+            nonlocal admitted
+            admitted = True
+            self._wakeup.set()
+
+        turn = gate.request(admit)
+        self._cycle_due_by = None
+        while not admitted and not self._stop_requested:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        return turn
 
     async def step(self) -> CycleOutcome:
         """Run one cycle in the current state and return what it did."""

@@ -18,6 +18,7 @@ from elector.daemon.many_locks import (
     MIN_START_SPACING_S,
     STOP_BATCH,
     BatchedStop,
+    StartGate,
     start_spacing_s,
 )
 from elector.daemon.settings import SettingsError, build_settings
@@ -88,3 +89,53 @@ def test_every_lock_is_republished_within_the_republish_cycle() -> None:
         assert wakes * REPUBLISH_PERIOD_S <= REPUBLISH_CYCLE_S
     # A small daemon republishes every lock at every wake, as before.
     assert republish_batch(REPUBLISH_MIN_BATCH) >= REPUBLISH_MIN_BATCH
+
+
+class Starter:
+    """An election's side of a StartGate: its turn, admitted or not."""
+
+    def __init__(self, gate: StartGate, admitted: list[int], index: int) -> None:
+        self.index = index
+        self.turn = gate.request(lambda: admitted.append(index))
+
+
+def test_the_start_gate_admits_in_order_spaced_and_a_few_at_a_time() -> None:
+    async def main() -> None:
+        gate = StartGate(spacing_s=0.01, max_in_flight=3)
+        admitted: list[int] = []
+        starters = [Starter(gate, admitted, i) for i in range(5)]
+        assert admitted == [0]  # the first at once
+        await asyncio.sleep(0.2)
+        # Three admitted, none ended: the fourth waits however long, spacing or not.
+        assert admitted == [0, 1, 2] and gate.in_flight == 3
+        starters[1].turn.end()
+        assert admitted == [0, 1, 2, 3]  # a turn given back admits the next (the spacing is past)
+        starters[1].turn.end()  # ending twice gives back one place only
+        assert gate.in_flight == 3
+        starters[0].turn.end()
+        assert admitted == [0, 1, 2, 3]  # not sooner than the spacing after the last admission
+        await asyncio.sleep(0.05)
+        assert admitted == [0, 1, 2, 3, 4]
+
+    asyncio.run(main())
+
+
+def test_a_turn_ended_while_waiting_is_skipped_and_takes_no_place() -> None:
+    async def main() -> None:
+        gate = StartGate(spacing_s=0.0, max_in_flight=1)
+        admitted: list[int] = []
+        first, second, third = (Starter(gate, admitted, i) for i in range(3))
+        second.turn.end()  # stopped before its turn came
+        first.turn.end()
+        assert admitted == [0, 2] and gate.in_flight == 1
+        third.turn.end()
+        assert gate.in_flight == 0
+
+    asyncio.run(main())
+
+
+def test_the_start_gate_refuses_nonsense() -> None:
+    with pytest.raises(ValueError, match="spacing_s"):
+        StartGate(spacing_s=-1.0)
+    with pytest.raises(ValueError, match="max_in_flight"):
+        StartGate(spacing_s=0.001, max_in_flight=0)
