@@ -175,6 +175,20 @@ class ScriptBatcher:
         `batch_form`: the source of the script's batch form (lua/batch.py), with which the calls
         of `script` that go out together become one script call.
         """
+        return await self.submit(script, keys=keys, args=args, ack=ack, batch_form=batch_form)
+
+    def submit(
+        self,
+        script: AsyncScript,
+        *,
+        keys: Sequence[KeyT] = (),
+        args: Sequence[EncodableT] = (),
+        ack: ReplicaAck | None = None,
+        batch_form: str | None = None,
+    ) -> asyncio.Future[Any]:
+        """`run_script` without a coroutine: the future of the call's reply (or error). A caller
+        that gives up cancels it. Many calls submitted in one go (a round of renewals, see
+        election/rounds.py) go out in the same flush at the cost of a future each."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._queue.append(_Call(script, len(keys), (*keys, *args), future, ack, batch_form))
@@ -189,7 +203,7 @@ class ScriptBatcher:
                 self._flush_handle = loop.call_later(delay_s, self._flush)
             else:
                 self._flush_handle = loop.call_soon(self._flush)
-        return await future
+        return future
 
     async def aclose(self) -> None:
         """Send what is queued and wait for every batch in flight."""

@@ -35,6 +35,7 @@ from elector.daemon.settings import Settings
 from elector.daemon.testing_hooks import install_loop_block_hook
 from elector.election import CycleOutcome, Election
 from elector.election.clock import boottime
+from elector.election.rounds import RenewalRounds
 from elector.election.timers import SharedTimers
 from elector.lease import LeaseBackendError
 from elector.metrics import MetricFamilies, register_process_metrics
@@ -60,6 +61,8 @@ class Daemon:
         self.outcome_observer = outcome_observer
         #: Many locks wake at the same grid points (cadence.RENEW_GRID_S): one loop timer each.
         self.shared_timers = SharedTimers(clock=boottime) if len(settings.locks) > 1 else None
+        #: ... and their leases due at one grid point are renewed together (election/rounds.py).
+        self.renewal_rounds = RenewalRounds(clock=boottime) if len(settings.locks) > 1 else None
         self.registry = registry if registry is not None else CollectorRegistry()
         self.exit_code = EXIT_OK
         self._signals_seen = 0

@@ -253,3 +253,58 @@ async def test_calls_closer_than_the_flush_spacing_share_a_pipeline(client_for) 
 async def test_a_negative_flush_spacing_is_refused(client_for) -> None:
     with pytest.raises(ValueError, match="min_flush_interval_s"):
         ScriptBatcher(client_for(), min_flush_interval_s=-1)
+
+
+async def test_renewals_of_a_round_go_out_as_one_batch_script_and_each_gets_its_own_answer(
+    client_for, raw
+) -> None:
+    """`renew_soon` (election/rounds.py): one flush, one RENEW_BATCH call for all, and each lease
+    its own result: a plain renewal, a lost lease (never re-created), a TTL replaced."""
+    client = client_for()
+    batcher = ScriptBatcher(client)
+    backends = []
+    leases = []
+    for i in range(5):
+        await seed_used_lock_async(raw, f"round-{i}")
+        backend = RedisLeaseBackend(client, lock=f"round-{i}", batcher=batcher)
+        granted = await backend.acquire("a", ttl_ms=TTL_MS)
+        assert isinstance(granted, Granted)
+        backends.append(backend)
+        leases.append(granted.lease)
+    assert all(backend.renews_in_rounds for backend in backends)
+    await raw.delete(backends[3].keys.lease)  # lapsed: RENEW must not bring it back
+    await raw.pexpire(backends[0].keys.lease, 100)
+    scripts_before = batcher.stats.batch_scripts
+    replies = [backend.renew_soon(lease) for backend, lease in zip(backends, leases, strict=True)]
+    await asyncio.wait(replies)
+    results = [backend.renew_result(reply) for backend, reply in zip(backends, replies, strict=True)]
+    assert batcher.stats.batch_scripts == scripts_before + 1  # one script call carried all five
+    assert [type(result).__name__ for result in results] == [
+        "Renewed",
+        "Renewed",
+        "Renewed",
+        "Lost",
+        "Renewed",
+    ]
+    plain = results[0]
+    assert isinstance(plain, Renewed)
+    assert plain.handoff is None and plain.best_rival is None and not plain.identity_clash
+    assert await raw.pttl(backends[0].keys.lease) > 1000  # the TTL was replaced
+    assert not await raw.exists(backends[3].keys.lease)  # never re-created
+    await batcher.aclose()
+
+
+async def test_a_round_renewal_that_failed_is_translated_like_a_single_one(
+    client_for, tcp_proxy: TcpProxy
+) -> None:
+    client = client_for(url=tcp_proxy.url, timeout_s=0.3)
+    batcher = ScriptBatcher(client)
+    backend = RedisLeaseBackend(client, lock="jobs", batcher=batcher)
+    lease = Lease(lock="jobs", identity="a", fencing_token=1, ttl_ms=TTL_MS, value="not-ours")
+    tcp_proxy.cut()
+    reply = backend.renew_soon(lease)
+    await asyncio.wait([reply])
+    with pytest.raises(LeaseBackendError) as failed:
+        backend.renew_result(reply)
+    assert failed.value.kind is BackendErrorKind.CONNECTION
+    await batcher.aclose()
