@@ -17,6 +17,7 @@ from elector.backend.codec import parse_holder, release_announcement, remaining_
 from elector.backend.errors import invalid_request, translate_error
 from elector.backend.lua import batch as batch_scripts
 from elector.backend.lua import lease as scripts
+from elector.backend.packed import resp_bulks
 from elector.backend.pipeline import ScriptBatcher
 from elector.backend.pubsub import LeaseEventSource
 from elector.backend.pubsub.subscriptions import RedisEventSubscription
@@ -96,6 +97,10 @@ class RedisLeaseBackend:
             self.keys.meta,
             self.keys.candidate_instances,
         )
+        #: RENEW's keys in RESP, and the lease, priority, arguments and RESP pieces of the last
+        #: `renew_soon` (a term renews with the same ones every time, see packed.py).
+        self._renew_keys_resp = resp_bulks(self._renew_keys)
+        self._renew_packed: tuple[Lease, int, tuple[str | int, ...], tuple[bytes, bytes]] | None = None
         self._acquire = registered_script(client, scripts.ACQUIRE)
         self._renew = registered_script(client, scripts.RENEW)
         self._release = registered_script(client, scripts.RELEASE)
@@ -206,7 +211,7 @@ class RedisLeaseBackend:
                 self._uncertain_token = None
             raise
         self._uncertain_token = None
-        self._preload_scripts_soon()
+        preload_scripts_soon(self._client)  # the scripts of a term, once per client
         try:
             code = int(reply[0])
             if code == 4:
@@ -247,10 +252,6 @@ class RedisLeaseBackend:
         clash = len(reply) > index and bool(int(reply[index])) and self._registered
         self._registered = True
         return clash
-
-    def _preload_scripts_soon(self) -> None:
-        """SCRIPT LOAD of the scripts of a term, once per client (see script_registry.py)."""
-        preload_scripts_soon(self._client)
 
     def _held(self, raw: bytes, pttl: int, *, identity_clash: bool = False) -> Held:
         """Held, after checking the value's protocol and noting its token and ttl."""
@@ -304,12 +305,18 @@ class RedisLeaseBackend:
         assert self._batcher is not None, "see renews_in_rounds"
         assert self._replica_ack is None, "see renews_in_rounds"
         candidates.check_priority(priority, what="renew")
-        identity = candidates.encode_identity(lease.identity)
+        cached = self._renew_packed
+        if cached is None or cached[0] is not lease or cached[1] != priority:
+            identity = candidates.encode_identity(lease.identity)
+            args = (lease.value, lease.ttl_ms, identity, priority, self.nonce)
+            # The same keys and arguments at every renewal of a term: encoded once (packed.py).
+            cached = self._renew_packed = (lease, priority, args, (self._renew_keys_resp, resp_bulks(args)))
         return self._batcher.submit(
             self._renew,
             keys=self._renew_keys,
-            args=(lease.value, lease.ttl_ms, identity, priority, self.nonce),
+            args=cached[2],
             batch_form=batch_scripts.RENEW_BATCH,
+            packed=cached[3],
         )
 
     def renew_result(self, reply: asyncio.Future[Any]) -> RenewResult:
