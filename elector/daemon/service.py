@@ -17,7 +17,7 @@ import gc
 import os
 import signal
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import prometheus_client
 from prometheus_client import CollectorRegistry
@@ -33,7 +33,7 @@ from elector.daemon.logs import configure_logging, make_logger
 from elector.daemon.many_locks import BatchedStop, StartGate, freeze_long_lived, start_spacing_s
 from elector.daemon.settings import Settings
 from elector.daemon.testing_hooks import install_loop_block_hook
-from elector.election import CycleOutcome, Election
+from elector.election import CycleOutcome, Election, State
 from elector.election.clock import boottime
 from elector.election.rounds import RenewalRounds
 from elector.election.timers import SharedTimers
@@ -116,7 +116,10 @@ class Daemon:
         self.locks = [LockElection(self, lock=lock, families=families, **hooks) for lock in settings.locks]
         if self.exec_mode is not None:
             self.exec_mode.attach(self.locks[0].election)
-        self._batched_stop = BatchedStop([lock.election for lock in self.locks])
+        self._batched_stop = BatchedStop(
+            [lock.election for lock in self.locks],
+            finished=lambda election: cast(Election, election).status().state is State.STOPPED,
+        )
         #: The HTTP connection budget's figures, exported as elector_http_connections*.
         self.http_stats = HttpStats()
         self.registry.register(HttpStatsCollector(self.http_stats))

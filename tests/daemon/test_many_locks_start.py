@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import cast
 
 import pytest
 
@@ -17,6 +18,7 @@ from elector.daemon.lock_election import (
 from elector.daemon.many_locks import (
     MIN_START_SPACING_S,
     STOP_BATCH,
+    STOP_BATCH_INTERVAL_S,
     BatchedStop,
     StartGate,
     start_spacing_s,
@@ -139,3 +141,42 @@ def test_the_start_gate_refuses_nonsense() -> None:
         StartGate(spacing_s=-1.0)
     with pytest.raises(ValueError, match="max_in_flight"):
         StartGate(spacing_s=0.001, max_in_flight=0)
+
+
+def test_a_batched_stop_waits_for_the_stops_under_way_when_it_can_see_them_end() -> None:
+    """With `finished`, no more than STOP_BATCH elections are stopping at once: a slow loop slows
+    the releases down instead of timing them out."""
+    count = 3 * STOP_BATCH
+    stopped: list[int] = []
+    ended: set[int] = set()
+    #: Set when as many elections as the key were stopped.
+    reached: dict[int, asyncio.Event] = {}
+
+    class FakeElection:
+        def __init__(self, index: int) -> None:
+            self.index = index
+
+        def stop(self) -> None:
+            stopped.append(self.index)
+            if len(stopped) in reached:
+                reached[len(stopped)].set()
+
+    async def main() -> None:
+        reached.update({STOP_BATCH + 10: asyncio.Event(), count: asyncio.Event()})
+        batched = BatchedStop(
+            [FakeElection(i) for i in range(count)],
+            finished=lambda election: cast(FakeElection, election).index in ended,
+        )
+        batched.start()
+        assert stopped == list(range(STOP_BATCH))
+        await asyncio.sleep(10 * STOP_BATCH_INTERVAL_S)
+        assert len(stopped) == STOP_BATCH  # none of them ended: nothing more is stopped
+        ended.update(range(10))
+        await asyncio.wait_for(reached[STOP_BATCH + 10].wait(), timeout=30)
+        await asyncio.sleep(5 * STOP_BATCH_INTERVAL_S)
+        assert stopped == list(range(STOP_BATCH + 10))  # as many as ended, in order, no more
+        ended.update(range(count))
+        await asyncio.wait_for(reached[count].wait(), timeout=30)
+        assert stopped == list(range(count))
+
+    asyncio.run(main())
