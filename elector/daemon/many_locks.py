@@ -101,6 +101,11 @@ class StartGate:
         """Turns admitted and not ended (for tests)."""
         return self._in_flight
 
+    @property
+    def starting(self) -> bool:
+        """Whether turns are waiting or under way."""
+        return bool(self._waiting) or self._in_flight > 0
+
     def request(self, admit: Callable[[], None]) -> _Turn:
         """Queue a turn; `admit` is called (on the running loop) when it comes."""
         turn = _Turn(self, admit)
@@ -208,19 +213,29 @@ MANY_LOCKS_GC_THRESHOLDS = (20_000, 20, 10)
 FREEZE_PERIOD_S = 0.5
 
 
-def freeze_long_lived(*, until: float) -> None:
+def freeze_long_lived(
+    *, until: float, starting: Callable[[], bool] | None = None, settle_s: float = 0.0
+) -> None:
     """Move every object tracked by the garbage collector into its permanent generation (gc.freeze),
-    now and every FREEZE_PERIOD_S until loop time `until`.
+    now and every FREEZE_PERIOD_S until loop time `until`, and while `starting()` says locks are
+    still starting, and for `settle_s` after that (their first terms' renewals).
 
     The elections, their tasks, subscriptions and metrics live as long as the daemon. Left to the
     collector, every full collection walks them all: at 5,000 locks each took ~0.4 s while the
     locks were starting (a full collection comes every second or two then), which was the whole
     renew p99 of the first minute. Frozen, they are never walked again; what start-up left as
     cyclic garbage at a freeze (little: no exception escapes a healthy cycle) is kept for good.
+    A start-up slowed down by a busy machine (the start gate) is followed to its end.
     """
     gc.freeze()
     loop = asyncio.get_running_loop()
-    if loop.time() < until:
-        loop.call_later(FREEZE_PERIOD_S, functools.partial(freeze_long_lived, until=until))
+    now = loop.time()
+    if starting is not None and starting():
+        until = max(until, now + settle_s)
+    if now < until:
+        loop.call_later(
+            FREEZE_PERIOD_S,
+            functools.partial(freeze_long_lived, until=until, starting=starting, settle_s=settle_s),
+        )
     else:  # start-up is over: steady running from here on (see MANY_LOCKS_GC_THRESHOLDS)
         gc.set_threshold(*MANY_LOCKS_GC_THRESHOLDS)

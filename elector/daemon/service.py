@@ -236,8 +236,13 @@ class Daemon:
                                    renew_interval_s=settings.timing.renew_interval_s)  # fmt: skip
         gc_thresholds = gc.get_threshold()  # restored below (the library and tests run it in-process)
         freeze: asyncio.TimerHandle | None = None
-        if len(self.locks) > 1:
-            freeze_long_lived(until=loop.time() + spread_s * len(self.locks) + settings.timing.ttl_s)
+        gate = StartGate(spacing_s=spread_s) if len(self.locks) > 1 else None
+        if gate is not None:
+            freeze_long_lived(
+                until=loop.time() + spread_s * len(self.locks) + settings.timing.ttl_s,
+                starting=lambda: gate.starting,
+                settle_s=settings.timing.ttl_s,
+            )
         else:
             # What start-up built (modules, the election, HTTP, ~50,000 objects) lives as long as
             # the daemon; unfrozen, every full collection walks it while holding the GIL: 40-55 ms
@@ -246,7 +251,6 @@ class Daemon:
             # Now (imports, settings, HTTP) and once more when the first term has settled.
             gc.freeze()
             freeze = loop.call_later(settings.timing.ttl_s, gc.freeze)
-        gate = StartGate(spacing_s=spread_s) if len(self.locks) > 1 else None
         self._tasks = [
             asyncio.create_task(self._guarded(lock, start_gate=gate), name=f"election:{lock.election.lock}")
             for lock in self.locks

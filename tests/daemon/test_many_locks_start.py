@@ -9,6 +9,7 @@ from typing import cast
 
 import pytest
 
+from elector.daemon import many_locks
 from elector.daemon.lock_election import (
     REPUBLISH_CYCLE_S,
     REPUBLISH_MIN_BATCH,
@@ -16,6 +17,8 @@ from elector.daemon.lock_election import (
     republish_batch,
 )
 from elector.daemon.many_locks import (
+    FREEZE_PERIOD_S,
+    MANY_LOCKS_GC_THRESHOLDS,
     MIN_START_SPACING_S,
     STOP_BATCH,
     STOP_BATCH_INTERVAL_S,
@@ -178,5 +181,40 @@ def test_a_batched_stop_waits_for_the_stops_under_way_when_it_can_see_them_end()
         ended.update(range(count))
         await asyncio.wait_for(reached[count].wait(), timeout=30)
         assert stopped == list(range(count))
+
+    asyncio.run(main())
+
+
+def test_what_start_up_builds_is_frozen_until_the_last_lock_started_and_settled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A start-up slowed down by a busy machine (the gate) is frozen to its end, not to a schedule."""
+    freezes: list[float] = []
+    thresholds: list[tuple[int, ...]] = []
+    starting = True
+
+    async def main() -> None:
+        nonlocal starting
+        loop = asyncio.get_running_loop()
+        monkeypatch.setattr(many_locks.gc, "freeze", lambda: freezes.append(loop.time()))
+        settled = asyncio.Event()
+
+        def set_threshold(*values: int) -> None:
+            thresholds.append(values)
+            settled.set()
+
+        monkeypatch.setattr(many_locks.gc, "set_threshold", set_threshold)
+        start = loop.time()
+        many_locks.freeze_long_lived(
+            until=start + FREEZE_PERIOD_S, starting=lambda: starting, settle_s=3 * FREEZE_PERIOD_S
+        )
+        await asyncio.sleep(6 * FREEZE_PERIOD_S)
+        assert not thresholds  # still starting, past `until`: still freezing
+        assert len(freezes) >= 4
+        starting = False
+        ended = loop.time()
+        await asyncio.wait_for(settled.wait(), timeout=30)
+        assert thresholds == [MANY_LOCKS_GC_THRESHOLDS]
+        assert freezes[-1] >= ended + 2 * FREEZE_PERIOD_S  # settle_s after the start-up's end
 
     asyncio.run(main())
