@@ -233,6 +233,10 @@ class RenewalRounds:
         wait_s = math.inf
         for member in members:
             member._round_at = None
+            if not member._round_held:
+                # Its task woke after this round was due and before it ran: its own cycle runs.
+                del unsettled[member]
+                continue
             if not member._may_renew_in_round(sent):
                 del unsettled[member]
                 member._hand_back(None)
