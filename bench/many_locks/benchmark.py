@@ -190,12 +190,13 @@ def run(ctx: Context) -> BenchResult:
         tables=tables(rows, failed),
         targets=targets(rows, failed, quick=ctx.quick),
         notes=[
-            "The daemon spreads the first tries of its locks evenly over one renew interval (at most one "
-            "start per ms, over at most one ttl), so that neither acquisitions nor renewals fall due "
-            "together; the batcher sends at most one pipeline per 2 ms. Each renewal is due on a grid "
-            "of 20-100 ms (about 30 renewals a point: 90 ms at 1,000 locks, 20 ms from 5,000) "
-            "inside its jitter range, so the renewals of many locks fall due at the same instants and go "
-            "out as one batch script call (at most 100 locks each).",
+            "The daemon starts its locks through a gate: at least one start spacing apart (one renew "
+            "interval for all, at most one start per ms, over at most one ttl) and at most 32 first "
+            "cycles in flight, so a busy loop slows the start-up down instead of timing it out; the "
+            "batcher sends at most one pipeline per 2 ms. Each renewal is due on a grid of 20-100 ms "
+            "(about 30 renewals a point: 90 ms at 1,000 locks, 20 ms from 5,000) inside its jitter "
+            "range; the leases due at a point are renewed in one round (one batch script call per "
+            "100 leases, packed from pieces encoded once per term) without waking each lock's task.",
             "--metrics-per-lock auto exports per-lock series up to 100 locks and aggregate ones above "
             "(no `lock` label; elector_locks, elector_locks_leading, elector_locks_redis_down); "
             "`always` is not scraped at 100,000 locks.",

@@ -69,6 +69,8 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 from redis.typing import EncodableT, KeyT
 
+from elector.backend.packed import pack_batch
+from elector.backend.packed import round_trip as packed_round_trip
 from elector.backend.replication import ReplicaAck, acknowledged, run_script_acked
 
 #: Default flush spacing, seconds (see the module doc): the most a call waits for others to join.
@@ -93,6 +95,8 @@ class _Call:
     ack: ReplicaAck | None = None
     #: The source of the script's batch form (lua/batch.py), if it has one.
     batch_form: str | None = None
+    #: The call's keys and arguments already in RESP (`resp_bulks`), for `_execute_packed`.
+    packed: tuple[bytes, bytes] | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -175,9 +179,27 @@ class ScriptBatcher:
         `batch_form`: the source of the script's batch form (lua/batch.py), with which the calls
         of `script` that go out together become one script call.
         """
+        return await self.submit(script, keys=keys, args=args, ack=ack, batch_form=batch_form)
+
+    def submit(
+        self,
+        script: AsyncScript,
+        *,
+        keys: Sequence[KeyT] = (),
+        args: Sequence[EncodableT] = (),
+        ack: ReplicaAck | None = None,
+        batch_form: str | None = None,
+        packed: tuple[bytes, bytes] | None = None,
+    ) -> asyncio.Future[Any]:
+        """`run_script` without a coroutine: the future of the call's reply (or error). A caller
+        that gives up cancels it. Many calls submitted in one go (a round of renewals, see
+        election/rounds.py) go out in the same flush at the cost of a future each.
+
+        `packed`: `keys` and `args` already encoded by `resp_bulks` (a lease's renewal sends the
+        same ones every time): a flush of such calls only is sent without redis-py's packing."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._queue.append(_Call(script, len(keys), (*keys, *args), future, ack, batch_form))
+        self._queue.append(_Call(script, len(keys), (*keys, *args), future, ack, batch_form, packed))
         self.stats.calls += 1
         if len(self._queue) >= self._max_batch:
             self._flush()
@@ -189,7 +211,7 @@ class ScriptBatcher:
                 self._flush_handle = loop.call_later(delay_s, self._flush)
             else:
                 self._flush_handle = loop.call_soon(self._flush)
-        return await future
+        return future
 
     async def aclose(self) -> None:
         """Send what is queued and wait for every batch in flight."""
@@ -266,6 +288,9 @@ class ScriptBatcher:
         if len(calls) == 1:
             await self._execute_one(calls[0])
             return
+        if self._packable(calls):
+            await self._execute_packed(calls)
+            return
         commands = self._commands(calls)
         if self._cluster is not None:
             await asyncio.gather(*(self._execute_alone(command) for command in commands))
@@ -293,6 +318,64 @@ class ScriptBatcher:
             return
         for command, reply, wait in zip(commands, replies, waits, strict=True):
             self._deliver(command, reply, wait)
+
+    def _packable(self, calls: list[_Call]) -> bool:
+        """Whether the calls can go as `_execute_packed` sends them: each with its keys and
+        arguments packed, of one script with a batch form, shaped alike, no WAIT, no cluster."""
+        first = calls[0]
+        if (
+            self._cluster is not None
+            or first.batch_form is None
+            or getattr(self._client, "single_connection_client", True)
+        ):
+            return False
+        shape = (first.script.sha, first.numkeys, len(first.keys_and_args))
+        return all(
+            call.packed is not None
+            and call.ack is None
+            and (call.script.sha, call.numkeys, len(call.keys_and_args)) == shape
+            for call in calls
+        )
+
+    async def _execute_packed(self, calls: list[_Call]) -> None:
+        """Calls of one script whose keys and arguments come packed (packed.py): one batch script
+        call per MAX_LEASES_PER_CALL of them, in one round trip; NOSCRIPT is answered by loading
+        the batch form and sending again those that met it (once)."""
+        first = calls[0]
+        assert first.batch_form is not None
+        form = self._batch_form(first)
+        assert form is not None
+        keys, args = first.numkeys, len(first.keys_and_args) - first.numkeys
+        commands = [
+            _Command(form, 0, (), calls[start : start + MAX_LEASES_PER_CALL], True)
+            for start in range(0, len(calls), MAX_LEASES_PER_CALL)
+        ]
+        payloads = [
+            pack_batch(form.sha, keys_per_call=keys, args_per_call=args, packed=[c.packed for c in cmd.calls])  # type: ignore[misc]
+            for cmd in commands
+        ]
+        self.stats.batch_scripts += len(commands)
+        self.stats.batched_calls += len(calls)
+        client = cast(redis.asyncio.Redis, self._client)
+        try:
+            self.stats.pipelines += 1
+            replies = await packed_round_trip(client, payloads)
+            missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+            if missing:
+                self.stats.noscript_retries += len(missing)
+                self.stats.pipelines += 1
+                await client.script_load(form.script)
+                for i, reply in zip(
+                    missing, await packed_round_trip(client, [payloads[i] for i in missing]), strict=True
+                ):
+                    replies[i] = reply
+        except Exception as exc:  # the connection failed: every caller of this flush gets it
+            for call in calls:
+                if not call.future.done():
+                    call.future.set_exception(copy.copy(exc))
+            return
+        for command, reply in zip(commands, replies, strict=True):
+            self._deliver(command, reply, None)
 
     async def _execute_alone(self, command: _Command) -> None:
         """One command as its own request (the script call reloads its script on NOSCRIPT)."""

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
-import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -19,10 +17,12 @@ from elector.backend.codec import parse_holder, release_announcement, remaining_
 from elector.backend.errors import invalid_request, translate_error
 from elector.backend.lua import batch as batch_scripts
 from elector.backend.lua import lease as scripts
+from elector.backend.packed import resp_bulks
 from elector.backend.pipeline import ScriptBatcher
 from elector.backend.pubsub import LeaseEventSource
 from elector.backend.pubsub.subscriptions import RedisEventSubscription
 from elector.backend.replication import ReplicaAck, ReplicationAckError, run_script_acked
+from elector.backend.script_registry import preload_scripts_soon, registered_script
 from elector.lease import (
     AcquireResult,
     BackendErrorKind,
@@ -43,37 +43,10 @@ from elector.lease import (
 
 T = TypeVar("T")
 
+__all__ = ["RedisLeaseBackend", "registered_script"]
 
-#: Clients whose server was sent the scripts of a term (`RedisLeaseBackend._preload_scripts_soon`),
-#: and the loads under way (referenced until done, as asyncio keeps only weak references to tasks).
-_PRELOADED: weakref.WeakSet[Any] = weakref.WeakSet()
-_PRELOADING: set[asyncio.Task[None]] = set()
-#: The scripts of a term, each first run on a path that waits for it (the release: a handoff's).
-_TERM_SCRIPTS = (scripts.ACQUIRE, scripts.RENEW, scripts.RELEASE, scripts.WITHDRAW)
-
-
-async def _load_scripts(client: redis.asyncio.Redis) -> None:
-    with contextlib.suppress(Exception):
-        pipe = client.pipeline(transaction=False)
-        for script in _TERM_SCRIPTS:
-            pipe.script_load(script)
-        await pipe.execute(raise_on_error=False)
-
-
-#: The scripts registered on each client, by their source: the backends of one client (a daemon
-#: of many locks has one per lock) share them. Registering hashes the script (SHA1 of a few KB):
-#: seven per lock were a tenth of 10,000 locks' start-up CPU, and an object each.
-_REGISTERED: weakref.WeakKeyDictionary[object, dict[str, AsyncScript]] = weakref.WeakKeyDictionary()
-
-
-def registered_script(client: redis.asyncio.Redis, script: str) -> AsyncScript:
-    """`client.register_script(script)`, made once per client and script. An AsyncScript keeps
-    no state of a call (its SHA1 only), so the backends of one client can share it."""
-    on_client = _REGISTERED.setdefault(client, {})
-    registered = on_client.get(script)
-    if registered is None:
-        registered = on_client[script] = client.register_script(script)
-    return registered
+#: `renew_result` of the batch form's plain renewal: nothing to report (one object for all).
+_PLAIN_RENEWAL = Renewed()
 
 
 class RedisLeaseBackend:
@@ -124,6 +97,10 @@ class RedisLeaseBackend:
             self.keys.meta,
             self.keys.candidate_instances,
         )
+        #: RENEW's keys in RESP, and the lease, priority, arguments and RESP pieces of the last
+        #: `renew_soon` (a term renews with the same ones every time, see packed.py).
+        self._renew_keys_resp = resp_bulks(self._renew_keys)
+        self._renew_packed: tuple[Lease, int, tuple[str | int, ...], tuple[bytes, bytes]] | None = None
         self._acquire = registered_script(client, scripts.ACQUIRE)
         self._renew = registered_script(client, scripts.RENEW)
         self._release = registered_script(client, scripts.RELEASE)
@@ -153,12 +130,15 @@ class RedisLeaseBackend:
         except LeaseBackendError:
             raise
         except Exception as exc:  # every client failure becomes the one domain error
-            # Every key a script reads without pcall: the server key too (ACQUIRE GETs it).
-            keys = (
-                f"{self.keys.lease} or {self.keys.fencing} or {self.keys.quiet} or {self.keys.server} "
-                f"or {self.keys.meta}"
-            )
-            raise translate_error(exc, what=what, keys=keys) from exc
+            raise self._translate(exc, what=what) from exc
+
+    def _translate(self, exc: BaseException, *, what: str) -> LeaseBackendError:
+        # Every key a script reads without pcall: the server key too (ACQUIRE GETs it).
+        keys = (
+            f"{self.keys.lease} or {self.keys.fencing} or {self.keys.quiet} or {self.keys.server} "
+            f"or {self.keys.meta}"
+        )
+        return translate_error(exc if isinstance(exc, Exception) else Exception(exc), what=what, keys=keys)
 
     async def _run(
         self,
@@ -231,7 +211,7 @@ class RedisLeaseBackend:
                 self._uncertain_token = None
             raise
         self._uncertain_token = None
-        self._preload_scripts_soon()
+        preload_scripts_soon(self._client)  # the scripts of a term, once per client
         try:
             code = int(reply[0])
             if code == 4:
@@ -273,24 +253,6 @@ class RedisLeaseBackend:
         self._registered = True
         return clash
 
-    def _preload_scripts_soon(self) -> None:
-        """SCRIPT LOAD, once per client, of the scripts of a term: in a task of its own, started by
-        the first acquire that got an answer (the link works), and awaited by nobody.
-
-        Without it a daemon's first release meets NOSCRIPT and costs two more round trips (SCRIPT
-        LOAD, then the call again) on the path of a graceful handoff; a new leader's first renewal
-        the same. Off every request's path, so it never eats a request's time budget. Best effort:
-        a server that lost them later (restart, SCRIPT FLUSH), or never got them, is answered by
-        the NOSCRIPT retry as before. A cluster client is left to that retry, as before.
-        """
-        client = self._client
-        if client in _PRELOADED or isinstance(client, RedisCluster):
-            return
-        _PRELOADED.add(client)
-        task = asyncio.get_running_loop().create_task(_load_scripts(client), name="elector-preload-scripts")
-        _PRELOADING.add(task)
-        task.add_done_callback(_PRELOADING.discard)
-
     def _held(self, raw: bytes, pttl: int, *, identity_clash: bool = False) -> Held:
         """Held, after checking the value's protocol and noting its token and ttl."""
         version = protocol.lease_version(raw)
@@ -330,6 +292,44 @@ class RedisLeaseBackend:
             "renew",
             lambda: self._run_acked(self._renew, keys=keys, args=args, batch_form=batch_scripts.RENEW_BATCH),
         )
+        return self._renew_result(reply, acked)
+
+    @property
+    def renews_in_rounds(self) -> bool:
+        """Whether `renew_soon` can be used: renewals go through a batcher, with no WAIT after them."""
+        return self._batcher is not None and self._replica_ack is None
+
+    def renew_soon(self, lease: Lease, *, priority: int = 0) -> asyncio.Future[Any]:
+        """`renew` without a coroutine (a round of many leases' renewals, election/rounds.py): the
+        future of its raw reply, sent with the batcher's next flush; `renew_result` reads it."""
+        assert self._batcher is not None, "see renews_in_rounds"
+        assert self._replica_ack is None, "see renews_in_rounds"
+        candidates.check_priority(priority, what="renew")
+        cached = self._renew_packed
+        if cached is None or cached[0] is not lease or cached[1] != priority:
+            identity = candidates.encode_identity(lease.identity)
+            args = (lease.value, lease.ttl_ms, identity, priority, self.nonce)
+            # The same keys and arguments at every renewal of a term: encoded once (packed.py).
+            cached = self._renew_packed = (lease, priority, args, (self._renew_keys_resp, resp_bulks(args)))
+        return self._batcher.submit(
+            self._renew,
+            keys=self._renew_keys,
+            args=cached[2],
+            batch_form=batch_scripts.RENEW_BATCH,
+            packed=cached[3],
+        )
+
+    def renew_result(self, reply: asyncio.Future[Any]) -> RenewResult:
+        """What `renew` returns (or raises) for the done future of `renew_soon`."""
+        exc = reply.exception()
+        if exc is not None:
+            raise exc if isinstance(exc, LeaseBackendError) else self._translate(exc, what="renew")
+        raw = reply.result()
+        if raw == batch_scripts.RENEWED:
+            return _PLAIN_RENEWAL
+        return self._renew_result(raw, None)
+
+    def _renew_result(self, reply: Any, acked: int | None) -> RenewResult:
         if reply == batch_scripts.RENEWED:  # the batch form's plain renewal (lua/batch.py)
             reply = [1, b"", 0, b"", 0, 0, 0]
         try:

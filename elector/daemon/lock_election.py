@@ -27,7 +27,8 @@ from elector.daemon.settings import Settings
 from elector.election import CycleOutcome, Election, ElectionHooks, ElectionStatus, State, StepDownReason
 from elector.election.cadence import renew_grid_s
 from elector.election.clock import boottime
-from elector.election.timers import SharedTimers
+from elector.election.rounds import RenewalRounds
+from elector.election.timers import SharedTimers, StartGate
 from elector.lease import Holder, Lease
 from elector.metrics import ElectionMetrics, MetricFamilies
 
@@ -53,6 +54,8 @@ class LockOwner(Protocol):
     outcome_observer: Callable[[str, CycleOutcome], None] | None
     #: The wake-up timers the elections of many locks share (None: each its own).
     shared_timers: SharedTimers | None
+    #: The renewal rounds of the elections of many locks (None: each renews in its own cycles).
+    renewal_rounds: RenewalRounds | None
 
     def request_exit(self, code: int, *, reason: str) -> None: ...
 
@@ -130,6 +133,9 @@ class LockElection:
             shared_timers=daemon.shared_timers,
             rng=None if daemon.shared_timers is None else _SHARED_RNG,
             renew_grid_s=renew_grid_s(len(settings.locks), renew_interval_s=settings.timing.renew_interval_s),
+            # ... and are renewed together at those points, without waking each election's task,
+            # when the backend can (a batcher, no WAIT for replicas): most of a renewal's CPU.
+            renewal_rounds=daemon.renewal_rounds if getattr(backend, "renews_in_rounds", False) else None,
         )
         #: What the HTTP thread reads of this election (see http_thread.py): republished by the
         #: election side at every cycle's outcome, at each term's start and end, and at the
@@ -296,7 +302,7 @@ class LockElection:
         # A write that failed (logged by the writer) leaves the old content: sit out its validity.
         await asyncio.sleep(max(0.0, deadline - self.election.status().now))
 
-    async def run(self, *, start_delay_s: float = 0.0) -> None:
+    async def run(self, *, start_gate: StartGate | None = None) -> None:
         keeper = None
         if self.leader_file is not None:
             await self.flush_leader_file()  # written in __init__ already: a retry if that failed
@@ -304,7 +310,7 @@ class LockElection:
         # Runs once the election has begun (its first wait): the snapshot then says "started".
         asyncio.get_running_loop().call_soon(self.publish)
         try:
-            await self.election.run(start_delay_s=start_delay_s)
+            await self.election.run(start_gate=start_gate)
         finally:
             self.publish()
             if keeper is not None:

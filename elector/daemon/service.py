@@ -17,7 +17,7 @@ import gc
 import os
 import signal
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import prometheus_client
 from prometheus_client import CollectorRegistry
@@ -30,11 +30,12 @@ from elector.daemon.http import HttpBindError, HttpStats, HttpStatsCollector, ma
 from elector.daemon.http_thread import HttpThread, Listener
 from elector.daemon.lock_election import EXIT_LOST_LEADERSHIP, LockElection, republish
 from elector.daemon.logs import configure_logging, make_logger
-from elector.daemon.many_locks import BatchedStop, freeze_long_lived, start_spacing_s
+from elector.daemon.many_locks import BatchedStop, StartGate, freeze_long_lived, start_spacing_s
 from elector.daemon.settings import Settings
 from elector.daemon.testing_hooks import install_loop_block_hook
-from elector.election import CycleOutcome, Election
+from elector.election import CycleOutcome, Election, State
 from elector.election.clock import boottime
+from elector.election.rounds import RenewalRounds
 from elector.election.timers import SharedTimers
 from elector.lease import LeaseBackendError
 from elector.metrics import MetricFamilies, register_process_metrics
@@ -60,6 +61,8 @@ class Daemon:
         self.outcome_observer = outcome_observer
         #: Many locks wake at the same grid points (cadence.RENEW_GRID_S): one loop timer each.
         self.shared_timers = SharedTimers(clock=boottime) if len(settings.locks) > 1 else None
+        #: ... and their leases due at one grid point are renewed together (election/rounds.py).
+        self.renewal_rounds = RenewalRounds(clock=boottime) if len(settings.locks) > 1 else None
         self.registry = registry if registry is not None else CollectorRegistry()
         self.exit_code = EXIT_OK
         self._signals_seen = 0
@@ -113,7 +116,10 @@ class Daemon:
         self.locks = [LockElection(self, lock=lock, families=families, **hooks) for lock in settings.locks]
         if self.exec_mode is not None:
             self.exec_mode.attach(self.locks[0].election)
-        self._batched_stop = BatchedStop([lock.election for lock in self.locks])
+        self._batched_stop = BatchedStop(
+            [lock.election for lock in self.locks],
+            finished=lambda election: cast(Election, election).status().state is State.STOPPED,
+        )
         #: The HTTP connection budget's figures, exported as elector_http_connections*.
         self.http_stats = HttpStats()
         self.registry.register(HttpStatsCollector(self.http_stats))
@@ -230,8 +236,13 @@ class Daemon:
                                    renew_interval_s=settings.timing.renew_interval_s)  # fmt: skip
         gc_thresholds = gc.get_threshold()  # restored below (the library and tests run it in-process)
         freeze: asyncio.TimerHandle | None = None
-        if len(self.locks) > 1:
-            freeze_long_lived(until=loop.time() + spread_s * len(self.locks) + settings.timing.ttl_s)
+        gate = StartGate(spacing_s=spread_s) if len(self.locks) > 1 else None
+        if gate is not None:
+            freeze_long_lived(
+                until=loop.time() + spread_s * len(self.locks) + settings.timing.ttl_s,
+                starting=lambda: gate.starting,
+                settle_s=settings.timing.ttl_s,
+            )
         else:
             # What start-up built (modules, the election, HTTP, ~50,000 objects) lives as long as
             # the daemon; unfrozen, every full collection walks it while holding the GIL: 40-55 ms
@@ -241,10 +252,8 @@ class Daemon:
             gc.freeze()
             freeze = loop.call_later(settings.timing.ttl_s, gc.freeze)
         self._tasks = [
-            asyncio.create_task(
-                self._guarded(lock, start_delay_s=index * spread_s), name=f"election:{lock.election.lock}"
-            )
-            for index, lock in enumerate(self.locks)
+            asyncio.create_task(self._guarded(lock, start_gate=gate), name=f"election:{lock.election.lock}")
+            for lock in self.locks
         ]
         # What the HTTP thread reads between cycles (see lock_election.republish).
         republisher = asyncio.create_task(republish(self.locks), name="status-republish")
@@ -297,9 +306,9 @@ class Daemon:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._linger_cut.wait(), timeout=linger_s)
 
-    async def _guarded(self, lock: LockElection, *, start_delay_s: float = 0.0) -> None:
+    async def _guarded(self, lock: LockElection, *, start_gate: StartGate | None = None) -> None:
         try:
-            await lock.run(start_delay_s=start_delay_s)
+            await lock.run(start_gate=start_gate)
         except asyncio.CancelledError:
             raise
         except Exception:

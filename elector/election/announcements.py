@@ -17,7 +17,7 @@ from elector.backoff import backoff_delay_s
 from elector.election.cadence import FAILURE_BACKOFF_JITTER
 from elector.election.core import ElectionCore, describe_error, logger
 from elector.election.outcome import State
-from elector.election.timers import SharedTimer
+from elector.election.timers import SharedTimer, StartGate, StartTurn
 from elector.lease import LeaseBackendError, LeaseEventKind
 
 #: A flood of announcements must not become a flood of requests.
@@ -58,6 +58,23 @@ class AnnouncementListener(ElectionCore):
                 await self._wakeup.wait()
             finally:
                 timer.cancel()
+
+    async def _wait_for_turn(self, gate: StartGate) -> StartTurn:
+        """Wait for a turn of `gate` (or a stop). No cycle is due meanwhile: the wait is as long
+        as the earlier starts take, and liveness must not take it for a stuck loop."""
+        admitted = False
+
+        def admit() -> None:
+            nonlocal admitted
+            admitted = True
+            self._wakeup.set()
+
+        turn = gate.request(admit)
+        self._cycle_due_by = None
+        while not admitted and not self._stop_requested:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        return turn
 
     def _handle_announcements(self) -> bool:
         """Apply queued announcements; True when the next cycle should run now."""

@@ -14,14 +14,30 @@ import dataclasses
 import logging
 import random
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from elector.election.cadence import RENEW_GRID_S
 from elector.election.clash import ClashEpisodes
 from elector.election.hooks import ElectionHooks
 from elector.election.outcome import CycleOutcome, State, StepDownReason
 from elector.election.timers import SharedTimers
+
+if TYPE_CHECKING:
+    from elector.election.rounds import RenewalRounds
 from elector.election.timing import ElectionTiming
-from elector.lease import BackendErrorKind, Holder, Lease, LeaseBackend, LeaseBackendError, LeaseEvent
+from elector.lease import (
+    BackendErrorKind,
+    Holder,
+    Lease,
+    LeaseBackend,
+    LeaseBackendError,
+    LeaseEvent,
+    RenewResult,
+)
+
+#: What a renewal round gives an election's task (rounds.py): (send time, answer time, RENEW's
+#: result or the error it met).
+RoundResult = tuple[float, float, "RenewResult | BaseException"]
 
 #: One logger for every part of the election, under the name its records always had.
 logger = logging.getLogger("elector.election.machine")
@@ -45,6 +61,7 @@ class ElectionCore:
         renew_jitter_share: float = 0.0,
         shared_timers: SharedTimers | None = None,
         renew_grid_s: float = RENEW_GRID_S,
+        renewal_rounds: RenewalRounds | None = None,
     ) -> None:
         timing.validate()
         if not 0.0 <= renew_jitter_share < 0.5:
@@ -65,6 +82,19 @@ class ElectionCore:
         #: Where the waits take their timers from: elections of one daemon that wake at the same
         #: time share one (timers.py). On the elections' clock; None: the loop's own.
         self._shared_timers = shared_timers
+        #: The rounds that renew this lease with the others due at the same grid point (rounds.py;
+        #: the backend must be a `RoundRenewable` that `renews_in_rounds`). None: its own cycles.
+        self._rounds = renewal_rounds
+        #: The grid point of the round this election waits in, while its task holds (rounds.py).
+        self._round_at: float | None = None
+        #: Set while a round's renewal of this lease is under way: resolved with its RoundResult.
+        self._round_result: asyncio.Future[RoundResult] | None = None
+        #: Whether the task waits in `_hold_for_rounds` (a round may then apply plain answers).
+        self._round_held = False
+        #: Set by a round that leaves the next cycle to the task, with its answer if it has one
+        #: (the leader cycle then uses it instead of sending a renewal).
+        self._handed_back = False
+        self._prefetched: RoundResult | None = None
         self._rng = rng or random.Random()
         # The idle follower's request budget leaves room for one PING per ~6 ttl at most.
         self._keepalive_s = subscription_keepalive_s or max(60.0, 6 * timing.ttl_s)

@@ -40,19 +40,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from elector.election.announcements import AnnouncementListener
 from elector.election.cadence import failure_backoff_s, ms, next_renewal_at, wake_jitter_s
 from elector.election.core import describe_error, error_kind_of
 from elector.election.outcome import CycleOutcome, ElectionStatus, OutcomeKind, State, StepDownReason
+from elector.election.rounds import RoundMember
 from elector.election.stepping_down import SteppingDown
+from elector.election.timers import StartGate, StartTurn
 from elector.election.timing import ElectionTiming
-from elector.lease import Candidate, Granted, Handoff, Held, LeaseBackendError, Lost, QuietPeriod, StandBack
+from elector.lease import (
+    Granted,
+    Handoff,
+    Held,
+    LeaseBackendError,
+    Lost,
+    QuietPeriod,
+    Renewed,
+    StandBack,
+)
 
-#: A rival must have refreshed its entry this share of a ttl after we first noticed it.
-RIVAL_REFRESH_SLACK = 0.05
+#: The outcomes after which a leader of a daemon with renewal rounds waits in them (rounds.py).
+_HELD_IN_ROUNDS = frozenset({OutcomeKind.ACQUIRED, OutcomeKind.RENEWED})
 
 
-class Election(SteppingDown, AnnouncementListener):
+class Election(SteppingDown, RoundMember):
     """Contends for one lock, holds it while it can, and says at every step what it did.
 
     Constructed with the backend, identity, timing and options of `ElectionCore` (core.py), which
@@ -129,19 +139,22 @@ class Election(SteppingDown, AnnouncementListener):
             self._hold_lifted = True
             self._wakeup.set()
 
-    async def run(self, *, start_delay_s: float = 0.0) -> None:
+    async def run(self, *, start_delay_s: float = 0.0, start_gate: StartGate | None = None) -> None:
         """Contend, lead and step down until `stop()`; returns after releasing a held lease.
 
         `start_delay_s`: wait this long before subscribing and the first try (a stop meanwhile
-        ends the run without any request). A daemon of many locks spreads their starts with it,
-        so that neither their subscriptions, nor their acquisitions, nor (hence) their renewals
-        fall due together.
+        ends the run without any request). `start_gate`: then wait for a turn of it, which this
+        election holds until its first cycle has ended. A daemon of many locks paces their
+        starts with a gate (daemon/many_locks.py), so that neither their subscriptions, nor their
+        acquisitions, nor (hence) their renewals fall due together, and so that starts wait for
+        earlier ones to be answered instead of piling up on a busy loop.
         """
         if start_delay_s < 0:
             raise ValueError(f"start_delay_s must not be negative, got {start_delay_s}")
         self._started = True
         self._stop_hook_called = False
         listener: asyncio.Task[None] | None = None
+        turn: StartTurn | None = None
         try:
             if start_delay_s > 0:
                 start_at = self._clock() + start_delay_s
@@ -149,6 +162,10 @@ class Election(SteppingDown, AnnouncementListener):
                 await self._sleep_until(start_at)
                 if self._stop_requested:
                     return  # nothing was tried, nothing registered: the run's own end follows
+            if start_gate is not None:
+                turn = await self._wait_for_turn(start_gate)
+                if self._stop_requested:
+                    return  # as above
             listener = asyncio.create_task(self._listen(), name=f"elector:{self.lock}:announcements")
             # Subscribe before the first try, so that no release can slip in between. Without a
             # subscription we still work, only slower to notice releases.
@@ -157,7 +174,9 @@ class Election(SteppingDown, AnnouncementListener):
                 async with asyncio.timeout(2 * self._timing.request_timeout_s):
                     await self._subscribe_tried.wait()
             while True:
-                if self._stop_requested and self._state is not State.STEPPING_DOWN:
+                if self._prefetched is not None and self._state is State.LEADER:
+                    pass  # a round's answer came after a stop or a resignation: its cycle ends first
+                elif self._stop_requested and self._state is not State.STEPPING_DOWN:
                     if self._state is State.LEADER:
                         await self._begin_step_down(StepDownReason.SHUTDOWN, release=True)
                     if self._pending_release is None:
@@ -170,10 +189,22 @@ class Election(SteppingDown, AnnouncementListener):
                         # max: a withheld release has already set the later time the lease lapses.
                         self._contend_not_before = max(self._contend_not_before, self._clock() + stand_back_s)
                 outcome = await self.step()
+                if turn is not None:
+                    turn.end()  # the first cycle has ended: the next election's turn
+                    turn = None
                 if outcome.next_cycle_at is None:
                     continue
-                await self._sleep_until(outcome.next_cycle_at)
+                if (
+                    self._rounds is not None
+                    and outcome.kind in _HELD_IN_ROUNDS
+                    and self._state is State.LEADER
+                ):
+                    await self._hold_for_rounds(outcome.next_cycle_at, self._rounds)
+                else:
+                    await self._sleep_until(outcome.next_cycle_at)
         finally:
+            if turn is not None:
+                turn.end()
             if listener is not None:
                 listener.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -312,23 +343,31 @@ class Election(SteppingDown, AnnouncementListener):
 
     async def _leader_cycle(self) -> CycleOutcome:
         assert self._lease is not None
-        now = self._clock()
-        if now >= self._valid_until:
-            # We were not scheduled in time (paused, starved): the lease may be gone already.
-            await self._begin_step_down(StepDownReason.LEASE_EXPIRED, release=True)
-            return self._stepped_down(OutcomeKind.STEPPED_DOWN, StepDownReason.LEASE_EXPIRED, at=now)
         deadline = self._last_renew_sent_at + self._timing.renew_deadline_s
-        if now >= deadline:
-            await self._begin_step_down(StepDownReason.RENEW_DEADLINE, release=True)
-            return self._stepped_down(OutcomeKind.STEPPED_DOWN, StepDownReason.RENEW_DEADLINE, at=now)
-
-        sent = now
-        self._cycle_due_by = sent + self._timing.request_timeout_s
+        prefetched, self._prefetched = self._prefetched, None
         try:
-            async with asyncio.timeout(min(self._timing.request_timeout_s, deadline - sent)):
-                result = await self._backend.renew(self._lease, priority=self._priority)
+            if prefetched is not None:
+                # A round sent this renewal (rounds.py), within the validity and the deadline.
+                sent, received, answer = prefetched
+                if isinstance(answer, BaseException):
+                    raise answer
+                result = answer
+            else:
+                now = self._clock()
+                if now >= self._valid_until:
+                    # We were not scheduled in time (paused, starved): the lease may be gone already.
+                    await self._begin_step_down(StepDownReason.LEASE_EXPIRED, release=True)
+                    return self._stepped_down(OutcomeKind.STEPPED_DOWN, StepDownReason.LEASE_EXPIRED, at=now)
+                if now >= deadline:
+                    await self._begin_step_down(StepDownReason.RENEW_DEADLINE, release=True)
+                    return self._stepped_down(OutcomeKind.STEPPED_DOWN, StepDownReason.RENEW_DEADLINE, at=now)
+                sent = now
+                self._cycle_due_by = sent + self._timing.request_timeout_s
+                async with asyncio.timeout(min(self._timing.request_timeout_s, deadline - sent)):
+                    result = await self._backend.renew(self._lease, priority=self._priority)
+                received = self._clock()
         except (LeaseBackendError, TimeoutError) as exc:
-            received = self._clock()
+            received = self._clock() if prefetched is None else prefetched[1]
             error = describe_error(exc)
             if received >= deadline:
                 await self._begin_step_down(StepDownReason.RENEW_DEADLINE, release=True)
@@ -348,7 +387,6 @@ class Election(SteppingDown, AnnouncementListener):
                 error_kind=error_kind_of(exc),
                 retry_at=retry_at,
             )
-        received = self._clock()
         self._backend_ok(received)
 
         if isinstance(result, Lost):
@@ -366,10 +404,7 @@ class Election(SteppingDown, AnnouncementListener):
                 identity_clash=result.identity_clash,
             )
 
-        self._last_renew_sent_at = sent
-        self._valid_until = sent + self._timing.validity_s
-        self._holder_expires_at = sent + self._timing.ttl_s
-        yield_reason = self._should_yield(result.handoff, result.best_rival, now=sent)
+        yield_reason = self._apply_renewal(sent, result)
         if yield_reason is not None:
             await self._begin_step_down(yield_reason, release=True)
             return self._stepped_down(
@@ -379,6 +414,21 @@ class Election(SteppingDown, AnnouncementListener):
                 duration_s=received - sent,
                 identity_clash=result.identity_clash,
             )
+        return self._renewed_outcome(sent, received, result)
+
+    def _renewed_in_round(self, sent: float, received: float, result: Renewed) -> float:
+        """A round's plain renewal (rounds.py), applied as `step` and `_leader_cycle` would."""
+        self._last_attempt_at = sent
+        self._backend_ok(received)
+        self._apply_renewal(sent, result)  # nothing to yield to: a plain renewal has no news
+        outcome = self._renewed_outcome(sent, received, result)
+        assert outcome.next_cycle_at is not None
+        self._cycle_due_by = outcome.next_cycle_at
+        self._emit(outcome)
+        return outcome.next_cycle_at
+
+    def _renewed_outcome(self, sent: float, received: float, result: Renewed) -> CycleOutcome:
+        assert self._lease is not None
         return CycleOutcome(
             kind=OutcomeKind.RENEWED,
             state=self._state,
@@ -390,34 +440,6 @@ class Election(SteppingDown, AnnouncementListener):
             valid_until=self._valid_until,
             identity_clash=result.identity_clash,
         )
-
-    def _should_yield(
-        self, handoff: Handoff | None, rival: Candidate | None, *, now: float
-    ) -> StepDownReason | None:
-        """Whether a successful renewal should end our term: a handoff asked, or a better rival."""
-        self._pending_handoff_to = None
-        if handoff is not None and handoff.from_identity == self._identity:
-            # Re-armed at the release for a named target, so that a long drain cannot outlast
-            # the requested window and let a third candidate in.
-            self._pending_handoff_to = handoff.to_identity
-            return StepDownReason.HANDOFF
-        # A rival must be alive now: one that registered and died still has an entry for 3 ttl,
-        # and handing over to it would leave the lock without a leader.
-        if rival is None or rival.priority <= self._priority or rival.last_seen_ms_ago > self._timing.ttl_ms:
-            self._rival_seen_since = None
-            return None
-        if self._rival_seen_since is None:
-            self._rival_seen_since = now
-        watched_s = now - self._rival_seen_since
-        # It must also have refreshed its entry since we first noticed it, by more than the two
-        # clocks can disagree: a pod that registered once and died can still look "seen within
-        # a ttl" by a few ms when the dwell ends (its age is on Redis's clock, ours on our own).
-        refreshed = rival.last_seen_ms_ago / 1000 < watched_s - RIVAL_REFRESH_SLACK * self._timing.ttl_s
-        settled = watched_s >= self._preempt_after_s and refreshed
-        if settled and now - self._led_since >= self._preempt_after_s:
-            self._pending_handoff_to = rival.identity
-            return StepDownReason.PREEMPTED
-        return None
 
     # -- helpers of the cycles ----------------------------------------------------------------
 

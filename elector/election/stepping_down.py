@@ -31,6 +31,7 @@ class SteppingDown(ElectionCore):
         """
         lease = self._lease
         self._state = State.STEPPING_DOWN
+        self._prefetched = None  # a renewal round's answer (rounds.py) was for the term that ends
         stopped, error = await self._stop_leader_work(reason)
         self._lease = None
         self._valid_until = 0.0

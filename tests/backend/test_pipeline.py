@@ -13,6 +13,7 @@ from redis.asyncio.connection import Connection
 
 from elector.backend import RedisLeaseBackend, RedisSettings, make_client
 from elector.backend.lua import lease as scripts
+from elector.backend.packed import pack_batch, resp_bulks
 from elector.backend.pipeline import ScriptBatcher
 from elector.lease import BackendErrorKind, Granted, Lease, LeaseBackendError, Renewed
 from tests.support.seed import seed_used_lock_async
@@ -253,3 +254,97 @@ async def test_calls_closer_than_the_flush_spacing_share_a_pipeline(client_for) 
 async def test_a_negative_flush_spacing_is_refused(client_for) -> None:
     with pytest.raises(ValueError, match="min_flush_interval_s"):
         ScriptBatcher(client_for(), min_flush_interval_s=-1)
+
+
+async def test_renewals_of_a_round_go_out_as_one_batch_script_and_each_gets_its_own_answer(
+    client_for, raw
+) -> None:
+    """`renew_soon` (election/rounds.py): one flush, one RENEW_BATCH call for all, and each lease
+    its own result: a plain renewal, a lost lease (never re-created), a TTL replaced."""
+    client = client_for()
+    batcher = ScriptBatcher(client)
+    backends = []
+    leases = []
+    for i in range(5):
+        await seed_used_lock_async(raw, f"round-{i}")
+        backend = RedisLeaseBackend(client, lock=f"round-{i}", batcher=batcher)
+        granted = await backend.acquire("a", ttl_ms=TTL_MS)
+        assert isinstance(granted, Granted)
+        backends.append(backend)
+        leases.append(granted.lease)
+    assert all(backend.renews_in_rounds for backend in backends)
+    await raw.delete(backends[3].keys.lease)  # lapsed: RENEW must not bring it back
+    await raw.pexpire(backends[0].keys.lease, 100)
+    scripts_before = batcher.stats.batch_scripts
+    replies = [backend.renew_soon(lease) for backend, lease in zip(backends, leases, strict=True)]
+    await asyncio.wait(replies)
+    results = [backend.renew_result(reply) for backend, reply in zip(backends, replies, strict=True)]
+    assert batcher.stats.batch_scripts == scripts_before + 1  # one script call carried all five
+    assert [type(result).__name__ for result in results] == [
+        "Renewed",
+        "Renewed",
+        "Renewed",
+        "Lost",
+        "Renewed",
+    ]
+    plain = results[0]
+    assert isinstance(plain, Renewed)
+    assert plain.handoff is None and plain.best_rival is None and not plain.identity_clash
+    assert await raw.pttl(backends[0].keys.lease) > 1000  # the TTL was replaced
+    assert not await raw.exists(backends[3].keys.lease)  # never re-created
+    await batcher.aclose()
+
+
+async def test_round_renewals_that_failed_are_translated_like_a_single_one(
+    client_for, tcp_proxy: TcpProxy
+) -> None:
+    client = client_for(url=tcp_proxy.url, timeout_s=0.3)
+    batcher = ScriptBatcher(client)
+    backends = [RedisLeaseBackend(client, lock=lock, batcher=batcher) for lock in ("jobs", "jobs-2")]
+    await backends[0].observe()  # a pooled connection that the cut then breaks
+    tcp_proxy.cut()
+    replies = [
+        backend.renew_soon(Lease(lock=backend.lock, identity="a", fencing_token=1, ttl_ms=TTL_MS, value="v"))
+        for backend in backends
+    ]
+    await asyncio.wait(replies)
+    for backend, reply in zip(backends, replies, strict=True):
+        with pytest.raises(LeaseBackendError) as failed:
+            backend.renew_result(reply)
+        assert failed.value.kind is BackendErrorKind.CONNECTION
+    await batcher.aclose()
+
+
+def test_a_packed_batch_is_byte_for_byte_what_redis_py_would_send() -> None:
+    calls = [
+        (["elector:{a}:lease", "elector:{a}:candidates"], ["v-a", 10_000, "id é", 0]),
+        (["elector:{b}:lease", "elector:{b}:candidates"], ["v-b", 3000, "other", -5]),
+    ]
+    sha = "0" * 40
+    ours = pack_batch(
+        sha, keys_per_call=2, args_per_call=4, packed=[(resp_bulks(k), resp_bulks(a)) for k, a in calls]
+    )
+    keys = [key for k, _ in calls for key in k]
+    args = [arg for _, a in calls for arg in a]
+    theirs = b"".join(Connection().pack_command("EVALSHA", sha, len(keys), *keys, 2, 4, *args))
+    assert ours == theirs
+
+
+async def test_packed_renewals_meet_noscript_and_are_sent_again_once_loaded(client_for, raw) -> None:
+    client = client_for()
+    batcher = ScriptBatcher(client)
+    backends, leases = [], []
+    for i in range(3):
+        await seed_used_lock_async(raw, f"flush-{i}")
+        backend = RedisLeaseBackend(client, lock=f"flush-{i}", batcher=batcher)
+        granted = await backend.acquire("a", ttl_ms=TTL_MS)
+        assert isinstance(granted, Granted)
+        backends.append(backend)
+        leases.append(granted.lease)
+    await raw.script_flush()
+    replies = [backend.renew_soon(lease) for backend, lease in zip(backends, leases, strict=True)]
+    await asyncio.wait(replies)
+    results = [backend.renew_result(reply) for backend, reply in zip(backends, replies, strict=True)]
+    assert all(isinstance(result, Renewed) for result in results)
+    assert batcher.stats.noscript_retries == 1  # the one batch script call, sent again once
+    await batcher.aclose()

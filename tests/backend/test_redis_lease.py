@@ -12,7 +12,7 @@ import pytest
 import redis.asyncio
 from redis.crc import key_slot
 
-from elector.backend import RedisLeaseBackend, RedisSettings, make_client, redis_lease
+from elector.backend import RedisLeaseBackend, RedisSettings, make_client, script_registry
 from elector.backend.lua import lease as scripts
 from elector.lease import (
     BackendErrorKind,
@@ -387,7 +387,7 @@ async def test_a_first_release_meets_no_noscript_the_first_acquire_loaded_it(bac
     await raw.script_flush()
     backend = backend_for()
     lease = (await grant(backend)).lease  # meets NOSCRIPT itself (flushed), then loads the rest
-    await asyncio.gather(*redis_lease._PRELOADING)  # the load runs beside, awaited by nobody
+    await asyncio.gather(*script_registry._PRELOADING)  # the load runs beside, awaited by nobody
     before = (await raw.info("errorstats")).get("errorstat_NOSCRIPT", {}).get("count", 0)
     assert isinstance(await backend.renew(lease), Renewed)
     assert await backend.release(lease)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import cast
 
 import pytest
 
+from elector.daemon import many_locks
 from elector.daemon.lock_election import (
     REPUBLISH_CYCLE_S,
     REPUBLISH_MIN_BATCH,
@@ -15,9 +17,13 @@ from elector.daemon.lock_election import (
     republish_batch,
 )
 from elector.daemon.many_locks import (
+    FREEZE_PERIOD_S,
+    MANY_LOCKS_GC_THRESHOLDS,
     MIN_START_SPACING_S,
     STOP_BATCH,
+    STOP_BATCH_INTERVAL_S,
     BatchedStop,
+    StartGate,
     start_spacing_s,
 )
 from elector.daemon.settings import SettingsError, build_settings
@@ -88,3 +94,127 @@ def test_every_lock_is_republished_within_the_republish_cycle() -> None:
         assert wakes * REPUBLISH_PERIOD_S <= REPUBLISH_CYCLE_S
     # A small daemon republishes every lock at every wake, as before.
     assert republish_batch(REPUBLISH_MIN_BATCH) >= REPUBLISH_MIN_BATCH
+
+
+class Starter:
+    """An election's side of a StartGate: its turn, admitted or not."""
+
+    def __init__(self, gate: StartGate, admitted: list[int], index: int) -> None:
+        self.index = index
+        self.turn = gate.request(lambda: admitted.append(index))
+
+
+def test_the_start_gate_admits_in_order_spaced_and_a_few_at_a_time() -> None:
+    async def main() -> None:
+        gate = StartGate(spacing_s=0.01, max_in_flight=3)
+        admitted: list[int] = []
+        starters = [Starter(gate, admitted, i) for i in range(5)]
+        assert admitted == [0]  # the first at once
+        await asyncio.sleep(0.2)
+        # Three admitted, none ended: the fourth waits however long, spacing or not.
+        assert admitted == [0, 1, 2] and gate.in_flight == 3
+        starters[1].turn.end()
+        assert admitted == [0, 1, 2, 3]  # a turn given back admits the next (the spacing is past)
+        starters[1].turn.end()  # ending twice gives back one place only
+        assert gate.in_flight == 3
+        starters[0].turn.end()
+        assert admitted == [0, 1, 2, 3]  # not sooner than the spacing after the last admission
+        await asyncio.sleep(0.05)
+        assert admitted == [0, 1, 2, 3, 4]
+
+    asyncio.run(main())
+
+
+def test_a_turn_ended_while_waiting_is_skipped_and_takes_no_place() -> None:
+    async def main() -> None:
+        gate = StartGate(spacing_s=0.0, max_in_flight=1)
+        admitted: list[int] = []
+        first, second, third = (Starter(gate, admitted, i) for i in range(3))
+        second.turn.end()  # stopped before its turn came
+        first.turn.end()
+        assert admitted == [0, 2] and gate.in_flight == 1
+        third.turn.end()
+        assert gate.in_flight == 0
+
+    asyncio.run(main())
+
+
+def test_the_start_gate_refuses_nonsense() -> None:
+    with pytest.raises(ValueError, match="spacing_s"):
+        StartGate(spacing_s=-1.0)
+    with pytest.raises(ValueError, match="max_in_flight"):
+        StartGate(spacing_s=0.001, max_in_flight=0)
+
+
+def test_a_batched_stop_waits_for_the_stops_under_way_when_it_can_see_them_end() -> None:
+    """With `finished`, no more than STOP_BATCH elections are stopping at once: a slow loop slows
+    the releases down instead of timing them out."""
+    count = 3 * STOP_BATCH
+    stopped: list[int] = []
+    ended: set[int] = set()
+    #: Set when as many elections as the key were stopped.
+    reached: dict[int, asyncio.Event] = {}
+
+    class FakeElection:
+        def __init__(self, index: int) -> None:
+            self.index = index
+
+        def stop(self) -> None:
+            stopped.append(self.index)
+            if len(stopped) in reached:
+                reached[len(stopped)].set()
+
+    async def main() -> None:
+        reached.update({STOP_BATCH + 10: asyncio.Event(), count: asyncio.Event()})
+        batched = BatchedStop(
+            [FakeElection(i) for i in range(count)],
+            finished=lambda election: cast(FakeElection, election).index in ended,
+        )
+        batched.start()
+        assert stopped == list(range(STOP_BATCH))
+        await asyncio.sleep(10 * STOP_BATCH_INTERVAL_S)
+        assert len(stopped) == STOP_BATCH  # none of them ended: nothing more is stopped
+        ended.update(range(10))
+        await asyncio.wait_for(reached[STOP_BATCH + 10].wait(), timeout=30)
+        await asyncio.sleep(5 * STOP_BATCH_INTERVAL_S)
+        assert stopped == list(range(STOP_BATCH + 10))  # as many as ended, in order, no more
+        ended.update(range(count))
+        await asyncio.wait_for(reached[count].wait(), timeout=30)
+        assert stopped == list(range(count))
+
+    asyncio.run(main())
+
+
+def test_what_start_up_builds_is_frozen_until_the_last_lock_started_and_settled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A start-up slowed down by a busy machine (the gate) is frozen to its end, not to a schedule."""
+    freezes: list[float] = []
+    thresholds: list[tuple[int, ...]] = []
+    starting = True
+
+    async def main() -> None:
+        nonlocal starting
+        loop = asyncio.get_running_loop()
+        monkeypatch.setattr(many_locks.gc, "freeze", lambda: freezes.append(loop.time()))
+        settled = asyncio.Event()
+
+        def set_threshold(*values: int) -> None:
+            thresholds.append(values)
+            settled.set()
+
+        monkeypatch.setattr(many_locks.gc, "set_threshold", set_threshold)
+        start = loop.time()
+        many_locks.freeze_long_lived(
+            until=start + FREEZE_PERIOD_S, starting=lambda: starting, settle_s=3 * FREEZE_PERIOD_S
+        )
+        await asyncio.sleep(6 * FREEZE_PERIOD_S)
+        assert not thresholds  # still starting, past `until`: still freezing
+        assert len(freezes) >= 4
+        starting = False
+        ended = loop.time()
+        await asyncio.wait_for(settled.wait(), timeout=30)
+        assert thresholds == [MANY_LOCKS_GC_THRESHOLDS]
+        assert freezes[-1] >= ended + 2 * FREEZE_PERIOD_S  # settle_s after the start-up's end
+
+    asyncio.run(main())
