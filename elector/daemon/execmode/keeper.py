@@ -41,6 +41,9 @@ keeper closes that gap without depending on the daemon:
   reparented to it, the session and group are forked from it), so "no child left" (waitpid: ECHILD)
   proves the whole tree gone, and nothing can escape to the daemon (a subreaper too) while the
   keeper lives. Without the report (no subreaper, killed before it) the daemon scans as before.
+  With it, in the same write, comes the command's wait status (`EXIT_STATUS_PREFIX`), the one the
+  keeper exits like: the daemon goes on (releases) on the report, without waiting for the
+  keeper's own exit, which is all that is left of it.
 * Cheap stop: after the supervisor's SIGTERM (which reached the whole group) the keeper first
   waits up to `TERM_SCAN_DELAY_S` for the command's exit, then scans /proc only if processes are
   left (members that moved out of the group); the verification above needs no scan at all.
@@ -108,6 +111,9 @@ STOP_POLL_S = 0.01
 TERM_SCAN_DELAY_S = STOP_POLL_S
 #: Written on the status pipe right before the keeper exits with its tree verified empty.
 TREE_GONE = b"gone\n"
+#: Comes with TREE_GONE (in the same write) when the command ran: its wait status, the one the
+#: keeper is about to exit like, so that the daemon need not wait for the keeper's own exit.
+EXIT_STATUS_PREFIX = b"status "
 #: The longest validity line accepted; anything longer is garbage, not a deadline.
 _MAX_LINE = 64
 #: The start order: its header line's longest length, and the largest environment it may carry
@@ -240,6 +246,11 @@ def encode_start(valid_until: float, env: Mapping[str, str]) -> bytes:
         entries.append(raw_key + b"=" + raw_value)
     payload = b"\0".join(entries)
     return b"start %s %d\n" % (repr(float(valid_until)).encode(), len(payload)) + payload
+
+
+def exit_status_line(status: int) -> bytes:
+    """The status pipe's line for the command's wait status (see EXIT_STATUS_PREFIX)."""
+    return EXIT_STATUS_PREFIX + b"%d\n" % status
 
 
 def decode_start(buffer: bytes) -> tuple[float, dict[str, str], bytes] | None:
@@ -598,8 +609,10 @@ class Keeper:
                 self.child_status = status
 
     def _report_gone(self) -> None:
-        """Tell the daemon the tree is gone; nothing runs after this but our own exit."""
-        self.report(TREE_GONE)
+        """Tell the daemon the tree is gone, and the status we exit like: nothing runs after this
+        but our own exit, so the daemon may go on at once (a keeper's exit takes milliseconds)."""
+        status = b"" if self.child_status is None else exit_status_line(self.child_status)
+        self.report(status + TREE_GONE)
 
     def report(self, status: bytes) -> None:
         """Write `status` on the status pipe (if any): right before our exit."""

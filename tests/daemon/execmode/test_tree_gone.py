@@ -9,13 +9,15 @@ import asyncio
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from structlog.testing import CapturingLogger
 
 from elector.daemon.execmode.keeper_link import KeeperLink
-from elector.daemon.execmode.proctree import Proc
-from elector.daemon.execmode.supervisor import ChildExit
+from elector.daemon.execmode.proctree import AwaitedChildren, Proc
+from elector.daemon.execmode.supervisor import ChildExit, ChildSupervisor
 from elector.daemon.execmode.treestop import TreeStopper
 from tests.daemon.execmode.test_keeper import (
     GRACE_S,
@@ -26,7 +28,8 @@ from tests.daemon.execmode.test_keeper import (
     wait_for_pids,
 )
 from tests.daemon.execmode.test_stop_and_park import link, supervisor_for
-from tests.daemon.execmode.test_supervisor import read_pids
+from tests.daemon.execmode.test_supervisor import read_pids, state
+from tests.support.waiting import until
 
 #: A command and a grandchild that both exit on TERM.
 BOTH_EXIT = "sleep 1000 & echo $! $$ > {d}/tree.pid; wait"
@@ -119,3 +122,60 @@ async def test_stop_trusts_the_report_and_scans_without_it(
     assert result.returncode == -signal.SIGTERM and result.signal == signal.SIGTERM
     assert not running(command) and not running(grandchild)
     assert (scans == []) is reported
+
+
+#: Stands in for a keeper that is slow to exit after its report: on the group's TERM it reports
+#: the command's tree gone with the status of a death by SIGTERM, as keeper.py does, and then
+#: lives on until the file HOLD exists. Writes its pid to READY once its handler is in place.
+LINGERING_KEEPER = """
+import os, signal, sys, time
+status_fd, ready, hold = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+signal.signal(signal.SIGTERM, lambda *_: os.write(status_fd, b"status %d\\ngone\\n" % signal.SIGTERM))
+with open(ready, "w") as out:
+    out.write(f"{os.getpid()}\\n")
+while not os.path.exists(hold):
+    time.sleep(0.01)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+os.kill(os.getpid(), signal.SIGTERM)
+"""
+
+
+class LingeringKeeperLink(KeeperLink):
+    def __init__(self, ready: Path, hold: Path) -> None:
+        super().__init__(valid_until=1e12, kill_grace_s=600.0, margin_s=600.1)
+        self.ready, self.hold = ready, hold
+
+    def argv(self, command: object) -> list[str]:
+        return [
+            sys.executable,
+            "-c",
+            LINGERING_KEEPER,
+            str(self.status_write_fd),
+            str(self.ready),
+            str(self.hold),
+        ]
+
+
+async def test_stop_goes_on_at_the_report_without_waiting_for_the_keepers_exit(tmp_path: Path) -> None:
+    # The release may go out once the tree is gone; the keeper's own exit (milliseconds of a
+    # dying interpreter) is not waited for. Asyncio still reaps the keeper when it exits.
+    children = AwaitedChildren()
+    exits: list[ChildExit] = []
+    supervisor = ChildSupervisor(
+        ["true"], kill_grace_s=600.0, on_exit=exits.append, children=children, logger=CapturingLogger()
+    )
+    link = LingeringKeeperLink(tmp_path / "ready", tmp_path / "hold")
+    await supervisor.start(env={}, keeper=link)
+    [keeper_pid] = await read_pids(tmp_path / "ready", timeout_s=60)
+
+    result = await asyncio.wait_for(supervisor.stop(), timeout=60)
+
+    assert running(keeper_pid), "the stop waited for the keeper's exit"
+    assert result is not None and result.stopped_by_us and result.survivors == ()
+    assert result.returncode == -signal.SIGTERM and result.signal == signal.SIGTERM
+    assert supervisor.idle and exits == []
+    (tmp_path / "hold").touch()
+    await until(lambda: keeper_pid not in children.waited, timeout_s=60)
+    assert not running(keeper_pid)
+    assert state(keeper_pid) is None, "the keeper was left a zombie"
+    assert exits == [], "a stopped run's late exit is not reported as a natural one"
