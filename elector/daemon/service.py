@@ -25,7 +25,12 @@ from prometheus_client import CollectorRegistry
 from elector.backend.topologies.factory import LeaseConnections
 from elector.backend.topologies.sentinel_watch import default_poll_interval_s, watch_master
 from elector.daemon.execmode.runner import ExecMode, keeper_margin_s
-from elector.daemon.execmode.supervisor import AwaitedChildren, OrphanReaper, become_subreaper
+from elector.daemon.execmode.supervisor import (
+    AwaitedChildren,
+    OrphanReaper,
+    become_subreaper,
+    watch_children_with_pidfds,
+)
 from elector.daemon.http import HttpBindError, HttpStats, HttpStatsCollector, make_compat_app, make_http_app
 from elector.daemon.http_thread import HttpThread, Listener
 from elector.daemon.lock_election import EXIT_LOST_LEADERSHIP, LockElection, republish
@@ -319,6 +324,9 @@ def run_daemon(
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
     async def main() -> int:
+        if settings.exec is not None:
+            # Process-wide too: the daemon's children are waited for in its loop (see there).
+            watch_children_with_pidfds(asyncio.get_running_loop())
         return await Daemon(settings, outcome_observer=outcome_observer).run()
 
     return asyncio.run(main())

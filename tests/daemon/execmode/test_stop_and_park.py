@@ -13,6 +13,7 @@ import contextlib
 import errno
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -266,3 +267,32 @@ def test_the_filtered_process_scan_finds_what_the_full_one_does() -> None:
     assert all(proc.sid == session or proc.ppid == me for proc in filtered)
     children = {proc.pid for proc in proctree.all_procs() if proc.ppid == me}
     assert {proc.pid for proc in proctree.all_procs(parent=me)} == children
+
+
+#: Switches the child watcher as the daemon does, then starts a child and waits for it.
+PIDFD_WATCHER = """
+import asyncio, threading
+from elector.daemon.execmode.proctree import watch_children_with_pidfds
+
+async def main():
+    watch_children_with_pidfds(asyncio.get_running_loop())
+    before = threading.active_count()
+    process = await asyncio.create_subprocess_exec("sh", "-c", "exit 3")
+    during = threading.active_count()
+    print(before, during, await process.wait())
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfds")
+def test_the_daemons_children_are_waited_for_in_its_loop_without_a_thread_each() -> None:
+    # Python 3.11's default starts a thread per child, whose exit then needs the GIL back in the
+    # middle of a handoff; with pidfds (3.12's default) the loop sees the exit itself.
+    done = subprocess.run(
+        [sys.executable, "-c", PIDFD_WATCHER], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    before, during, code = done.stdout.split()
+    assert code == "3", "the child's exit status is reported"
+    assert during == before, "a thread was started to wait for the child"
