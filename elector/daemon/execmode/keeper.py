@@ -111,6 +111,8 @@ STOP_POLL_S = 0.01
 TERM_SCAN_DELAY_S = STOP_POLL_S
 #: Written on the status pipe right before the keeper exits with its tree verified empty.
 TREE_GONE = b"gone\n"
+#: How much the keeper lowers its CPU priority (nice) after reporting its tree gone.
+AFTER_REPORT_NICE_INCREMENT = 10
 #: Comes with TREE_GONE (in the same write) when the command ran: its wait status, the one the
 #: keeper is about to exit like, so that the daemon need not wait for the keeper's own exit.
 EXIT_STATUS_PREFIX = b"status "
@@ -613,6 +615,10 @@ class Keeper:
         but our own exit, so the daemon may go on at once (a keeper's exit takes milliseconds)."""
         status = b"" if self.child_status is None else exit_status_line(self.child_status)
         self.report(status + TREE_GONE)
+        # What is left (our exit, the teardown of an interpreter) is not urgent; the daemon's
+        # release, the next leader's acquire and its command's start on a shared host are.
+        with contextlib.suppress(OSError, AttributeError):
+            os.nice(AFTER_REPORT_NICE_INCREMENT)
 
     def report(self, status: bytes) -> None:
         """Write `status` on the status pipe (if any): right before our exit."""

@@ -190,7 +190,9 @@ async def test_a_parked_keeper_runs_the_next_command_with_the_starts_environment
     result = await supervisor.stop()
 
     assert result is not None and result.pid == parked and result.survivors == ()
-    assert not any(running(pid) for pid in (parked, command, grandchild))
+    assert not any(running(pid) for pid in (command, grandchild))
+    await supervisor.settle()  # the stop went on at the keeper's report, before its own exit
+    await until(lambda: not running(parked), timeout_s=30)  # (settle's wait is bounded)
 
 
 async def test_a_parked_keeper_that_died_is_replaced_by_a_fresh_one(tmp_path: Path) -> None:
