@@ -184,6 +184,20 @@ class ChildSupervisor:
             raise RuntimeError("the child is running (or starting): await stop() first")
         self._start_aborted = False
         merged = {**os.environ, **env} if inherit_env else dict(env)
+        if self._run is None and keeper is not None and self._parked is not None:
+            # Nothing to clean up and a keeper parked: the start is one write to it, done here
+            # (nothing in it awaits, so nothing can come between), without a task and the loop
+            # iteration that would start it. Otherwise (it does not fit, it died) as below.
+            if still_wanted is not None and not still_wanted():
+                keeper.close()
+                return False
+            try:
+                self._check_runnable(merged)
+            except ChildStartError:
+                keeper.close()
+                raise
+            if self._launch_parked(merged, keeper=keeper):
+                return True
         self._starting = starting = asyncio.create_task(
             self._start(merged, keeper=keeper, still_wanted=still_wanted), name="elector-child-start"
         )

@@ -195,6 +195,25 @@ async def test_a_parked_keeper_runs_the_next_command_with_the_starts_environment
     await until(lambda: not running(parked), timeout_s=30)  # (settle's wait is bounded)
 
 
+async def test_a_parked_keeper_gets_its_start_order_before_anything_else_runs(tmp_path: Path) -> None:
+    # The start after a grant is one write to the parked keeper: no loop iteration comes first
+    # (anything queued meanwhile, an announcement's parsing say, runs after the order is out).
+    supervisor = supervisor_for(tmp_path, [], grace_s=GRACE_S)
+    assert await supervisor.park(keeper=parked_link(GRACE_S), env={"PATH": os.environ["PATH"]})
+    parked = supervisor.parked_pid
+    ran: list[int] = []
+    asyncio.get_running_loop().call_soon(ran.append, 1)
+
+    started = await supervisor.start(env={"ELECTOR_FENCING_TOKEN": "3"}, keeper=link(GRACE_S))
+
+    assert started and supervisor.pid == parked
+    assert ran == [], "the start let the loop run before the order was written"
+    command, grandchild = await read_pids(tmp_path / "pids", count=2)
+    result = await supervisor.stop()
+    assert result is not None and result.survivors == ()
+    assert not any(running(pid) for pid in (command, grandchild))
+
+
 async def test_a_parked_keeper_that_died_is_replaced_by_a_fresh_one(tmp_path: Path) -> None:
     supervisor = supervisor_for(tmp_path, [], grace_s=GRACE_S)
     assert await supervisor.park(keeper=parked_link(GRACE_S), env=dict(os.environ))
