@@ -76,7 +76,8 @@ METHOD = (
     "handoff SIGTERMs the leader and reads, on the host's one wall clock: the old daemon's "
     "`shutting_down` and `command_stopped` log lines, the release and acquire scripts as Redis ran them "
     "(MONITOR), the new daemon's `command_started` line and the new command's journal line; the spawn "
-    "floor (Popen of CMD -> its journal line) is sampled after each handoff, under the same load. What "
+    "floor (Popen of CMD -> its journal line) is sampled after each handoff, once the restarted daemon "
+    "follows again (before issue 25 it was sampled beside that daemon's start, and came out high). What "
     "each step holds, from one handoff traced with `python -m bench.execmode.handoff_trace --perf FILE` "
     "(perf trace -a: every system call of the processes taking part, one clock): "
     "(1) signal handled: the daemon's signal handler and the election's stop request. "
@@ -299,6 +300,11 @@ def measure(
                 trials.append(steps)
                 waiters = [w for w in waiters if w is not new_leader] + [daemon(leader.identity, n + 1)]
                 leader = new_leader
+                # After the replacement has started (imports: ~0.5 s of CPU) and its keeper is
+                # parked, as at the next handoff: a floor sampled beside that start came out high.
+                for waiter in waiters:
+                    waiter.wait_following()
+                time.sleep(0.3)
                 floor += spawn_floor(work_cmd(workdir / "floor", "floor"), workdir / "floor", runs=1)
     finally:
         for d in daemons:
