@@ -76,14 +76,18 @@ METHOD = (
     "handoff SIGTERMs the leader and reads, on the host's one wall clock: the old daemon's "
     "`shutting_down` and `command_stopped` log lines, the release and acquire scripts as Redis ran them "
     "(MONITOR), the new daemon's `command_started` line and the new command's journal line; the spawn "
-    "floor (Popen of CMD -> its journal line) is sampled after each handoff, under the same load. What "
+    "floor (Popen of CMD -> its journal line) is sampled after each handoff, once the restarted daemon "
+    "follows again (before issue 25 it was sampled beside that daemon's start, and came out high). What "
     "each step holds, from one handoff traced with `python -m bench.execmode.handoff_trace --perf FILE` "
     "(perf trace -a: every system call of the processes taking part, one clock): "
     "(1) signal handled: the daemon's signal handler and the election's stop request. "
     "(2) old tree gone: the supervisor's killpg(SIGTERM) reaches the command and its keeper about 1-2 ms "
-    "after the signal; the command dies at once, the keeper reaps it, writes TREE_GONE on its status "
-    "pipe and exits; the daemon sees that exit through a pidfd and asyncio's child-watcher thread, and "
-    "scans nothing. "
+    "after the signal; the command dies at once, the keeper reaps it and writes TREE_GONE, with the "
+    "command's exit status, on its status pipe, which the daemon's loop watches: the daemon goes on at "
+    "once and scans nothing. Before, it went on only once it had seen the keeper's own exit (through a "
+    "pidfd, and on Python 3.11 a child-watcher thread that then wanted the GIL back): an interpreter's "
+    "teardown and one more wake-up later; now the keeper exits at nice +10 and the daemon waits for "
+    "that exit after the release. "
     "(3) release: one EVALSHA, which also publishes `released`. Before issue 25 two things sat here: "
     "the orphan reaper's SIGCHLD sweep read every process's /proc stat (6-20 ms on this shared host), "
     "and a daemon's first release met NOSCRIPT (EVALSHA, SCRIPT LOAD, EVALSHA again: two more round "
@@ -98,7 +102,8 @@ METHOD = (
     "which is the spawn floor. Before issue 25 the old daemon's interpreter teardown (0.1-0.5 s of "
     "CPU without a system call, after its last log line) also ran during this step, beside the new "
     "command's start on a shared host; a daemon with no thread to join now leaves with os._exit after "
-    "its atexit handlers. The safety order is kept throughout: the release goes out only after "
+    "its atexit handlers, and the rest of its shutdown after the release (~5 ms of CPU, traced) runs "
+    "at nice +10. The safety order is kept throughout: the release goes out only after "
     "the old tree is gone, and the new command only after the new grant. On this 2-core machine, "
     "shared and loaded, most of each step is waiting for a CPU: compare steps with the floor of the "
     "same run."
@@ -295,6 +300,11 @@ def measure(
                 trials.append(steps)
                 waiters = [w for w in waiters if w is not new_leader] + [daemon(leader.identity, n + 1)]
                 leader = new_leader
+                # After the replacement has started (imports: ~0.5 s of CPU) and its keeper is
+                # parked, as at the next handoff: a floor sampled beside that start came out high.
+                for waiter in waiters:
+                    waiter.wait_following()
+                time.sleep(0.3)
                 floor += spawn_floor(work_cmd(workdir / "floor", "floor"), workdir / "floor", runs=1)
     finally:
         for d in daemons:

@@ -71,7 +71,8 @@ class Run:
     #: The keeper exited without reporting its tree gone: the stop must find all of it alone.
     keeper_lost: bool = False
     natural_exit: ChildExit | None = None
-    #: The child's exit code as stop() read it through its pidfd, before asyncio reported it.
+    #: The child's exit code as stop() read it through its pidfd, or as its keeper reported it
+    #: with its tree gone, before asyncio reported it.
     seen_returncode: int | None = None
 
     @property

@@ -7,32 +7,45 @@ the part the daemon imports.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from elector.daemon.execmode import keeper as _keeper
-from elector.daemon.execmode.keeper import DEADLINE_PASSED, TREE_GONE, Schedule, encode_start
+from elector.daemon.execmode.keeper import (
+    DEADLINE_PASSED,
+    EXIT_STATUS_PREFIX,
+    TREE_GONE,
+    Schedule,
+    encode_start,
+)
 
 #: Loads keeper.py in a bare interpreter (-I: no environment, -S: no site-packages) through the
 #: import system, so that its cached bytecode is used, under a name of its own (not `elector`).
+#: importlib.machinery's loader, not importlib.util: util imports contextlib, functools, types...
+#: (0.5 MiB of the keeper's memory) that the keeper does not need.
 _BOOTSTRAP = (
-    "import sys, importlib.util as util; path = sys.argv.pop(1); "
-    "spec = util.spec_from_file_location('elector_keeper', path); keeper = util.module_from_spec(spec); "
-    "spec.loader.exec_module(keeper); keeper.main(sys.argv[1:])"
+    "import sys, importlib.machinery as machinery; path = sys.argv.pop(1); "
+    "keeper = type(sys)('elector_keeper'); keeper.__file__ = path; "
+    "machinery.SourceFileLoader('elector_keeper', path).exec_module(keeper); keeper.main(sys.argv[1:])"
 )
 _KEEPER_PATH = os.path.abspath(_keeper.__file__)
 #: A pipe's default capacity: an order up to this size goes into an empty pipe in one write.
 _PIPE_CAPACITY = 65536
+#: The most the status pipe is read: the keeper writes a few short lines at most.
+_STATUS_MAX = 128
 
 
 class KeeperLink:
     """The daemon's end of one keeper: the argv that starts it, and the pipe that feeds it.
 
     Make one per run of the command; pass `pass_fds` to the child and call `spawned()` after the
-    spawn. `tree_gone()` tells whether the keeper reported its tree empty (see keeper.py).
+    spawn. `tree_gone()` tells whether the keeper reported its tree empty (see keeper.py), and
+    `reported_exit_code()` the status it reported with it; `watch_report()` calls back as soon as
+    the report (or the pipe's EOF) comes, from the event loop.
     `send` never blocks: a full pipe (a keeper that does not read) drops the update, which can
     only make the keeper stop the command earlier.
 
@@ -52,6 +65,10 @@ class KeeperLink:
         self._status_fd, self.status_write_fd = os.pipe()
         os.set_blocking(self._status_fd, False)
         self._status = b""
+        self._status_eof = False
+        #: The event loop watching the status pipe for `watch_report`, and what it calls.
+        self._report_loop: asyncio.AbstractEventLoop | None = None
+        self._on_report: Callable[[], None] | None = None
         self.dropped = 0
 
     @classmethod
@@ -85,15 +102,62 @@ class KeeperLink:
         self._read_status()
         return DEADLINE_PASSED in self._status
 
+    def reported_exit_code(self) -> int | None:
+        """The command's exit code as asyncio would report the keeper's (negative: the killing
+        signal), from the keeper's report of its tree gone; None before that report, or when it
+        came without a status (nothing ran). Never blocks."""
+        if not self.tree_gone():
+            return None
+        for line in self._status.split(b"\n"):
+            if line.startswith(EXIT_STATUS_PREFIX):
+                try:
+                    return os.waitstatus_to_exitcode(int(line[len(EXIT_STATUS_PREFIX) :]))
+                except ValueError:
+                    return None
+        return None
+
+    def watch_report(self, on_report: Callable[[], None]) -> None:
+        """Call `on_report` (from the running event loop) once the keeper reported its tree gone,
+        or its end of the status pipe closed without that (a keeper killed); at once if either
+        is known already. Until `unwatch_report()` or `close()`."""
+        self._read_status()
+        if self._status_final or self._status_fd < 0:
+            on_report()
+            return
+        self._on_report = on_report
+        if self._report_loop is None:
+            self._report_loop = asyncio.get_running_loop()
+            self._report_loop.add_reader(self._status_fd, self._status_readable)
+
+    def unwatch_report(self) -> None:
+        self._on_report = None
+        if self._report_loop is not None:
+            self._report_loop.remove_reader(self._status_fd)
+            self._report_loop = None
+
+    @property
+    def _status_final(self) -> bool:
+        """Nothing more will be read from the status pipe (or nothing more is wanted)."""
+        return TREE_GONE in self._status or self._status_eof or len(self._status) >= _STATUS_MAX
+
+    def _status_readable(self) -> None:
+        self._read_status()
+        if self._status_final:
+            on_report = self._on_report
+            self.unwatch_report()  # EOF stays readable: the loop would spin
+            if on_report is not None:
+                on_report()
+
     def _read_status(self) -> None:
-        while TREE_GONE not in self._status and self._status_fd >= 0 and len(self._status) < 64:
+        while TREE_GONE not in self._status and self._status_fd >= 0 and len(self._status) < _STATUS_MAX:
             try:
-                data = os.read(self._status_fd, 64)
+                data = os.read(self._status_fd, _STATUS_MAX)
             except BlockingIOError:
                 break
             except OSError:
                 data = b""
             if not data:
+                self._status_eof = True
                 break
             self._status += data
 
@@ -154,6 +218,7 @@ class KeeperLink:
     def close(self) -> None:
         """Close our ends; `tree_gone()` keeps what it read (the stop asks after the close)."""
         self._read_status()
+        self.unwatch_report()
         self.spawned()
         if self._write_fd >= 0:
             os.close(self._write_fd)

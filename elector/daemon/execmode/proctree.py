@@ -55,6 +55,25 @@ def become_subreaper(*, logger: SupervisorLogger | None = None) -> bool:
     return True
 
 
+def watch_children_with_pidfds(loop: asyncio.AbstractEventLoop) -> bool:
+    """On Python 3.11, have asyncio wait for its children through pidfds in `loop` (3.12's
+    default), instead of a thread per child blocked in waitpid (3.11's default): each exit is
+    then seen by the loop itself, with no thread to start per spawn and no GIL hand-over from
+    that thread when the child exits (on a loaded host, a wait of milliseconds right when a
+    stopped keeper's exit meets the release). False, changing nothing, where pidfds are missing
+    (Linux < 5.3, a seccomp profile) or on later Pythons. Call before any child is started."""
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return False
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        return False
+    watcher = asyncio.PidfdChildWatcher()
+    watcher.attach_loop(loop)
+    asyncio.set_child_watcher(watcher)
+    return True
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Proc:
     """The fields of /proc/<pid>/stat the supervisor needs."""

@@ -237,8 +237,9 @@ class ExecMode:
             )
 
     async def close(self) -> None:
-        """Stop the command if it still runs (the election's own hook normally did already), and
-        end the parked keeper."""
+        """Stop the command if it still runs (the election's own hook normally did already), end
+        the parked keeper, and wait for the exit of a stopped command's keeper (after the release:
+        the stop itself went on at the keeper's report that the tree is gone)."""
         try:
             await self.on_stopped_leading(StepDownReason.SHUTDOWN)
         finally:
@@ -246,6 +247,7 @@ class ExecMode:
                 with contextlib.suppress(Exception):
                     await self._parking
             await self._supervisor.unpark()
+            await self._supervisor.settle()
 
     async def _start(self) -> None:
         if self._parking is not None:

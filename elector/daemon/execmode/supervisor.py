@@ -33,7 +33,8 @@ So stopping is about the whole process tree, not the one pid we started:
   (`keeper_lost` in the logs, `on_keeper_lost`), before `on_exit` hears of it. The command gets
   PR_SET_PDEATHSIG towards its keeper too, so it is usually dead already.
 
-Reaping: asyncio waits for the child by pid (a thread per child in Python 3.11), so nothing here
+Reaping: asyncio waits for the child by pid (a thread per child in Python 3.11, unless the daemon
+switched it to pidfds: `watch_children_with_pidfds`, 3.12's default), so nothing here
 ever calls `waitpid(-1)`, which would steal the child's exit status. Orphans reparented to us are
 reaped by pid: by `stop()` for the tree it kills, and by `OrphanReaper` for everything else that
 dies while we are PID 1 or a subreaper. Both skip the pids asyncio waits on for a supervisor, and
@@ -79,6 +80,7 @@ from elector.daemon.execmode.proctree import (
     default_logger,
     read_proc,
     send_signal,
+    watch_children_with_pidfds,
 )
 from elector.daemon.execmode.reaper import OrphanReaper
 from elector.daemon.execmode.treestop import TreeStopper
@@ -93,6 +95,7 @@ __all__ = [
     "SupervisorLogger",
     "become_subreaper",
     "stop_budget_s",
+    "watch_children_with_pidfds",
 ]
 
 
@@ -137,6 +140,9 @@ class ChildSupervisor:
         self._unreported: ChildExit | None = None
         self._stopping: asyncio.Task[ChildExit] | None = None
         self._parked: Parked | None = None
+        #: The watchers of stopped runs whose keeper reported its tree gone but had not exited yet
+        #: (the stop does not wait for that exit: see treestop.py); `settle()` waits for them.
+        self._exiting: set[asyncio.Task[None]] = set()
 
     @property
     def idle(self) -> bool:
@@ -178,6 +184,20 @@ class ChildSupervisor:
             raise RuntimeError("the child is running (or starting): await stop() first")
         self._start_aborted = False
         merged = {**os.environ, **env} if inherit_env else dict(env)
+        if self._run is None and keeper is not None and self._parked is not None:
+            # Nothing to clean up and a keeper parked: the start is one write to it, done here
+            # (nothing in it awaits, so nothing can come between), without a task and the loop
+            # iteration that would start it. Otherwise (it does not fit, it died) as below.
+            if still_wanted is not None and not still_wanted():
+                keeper.close()
+                return False
+            try:
+                self._check_runnable(merged)
+            except ChildStartError:
+                keeper.close()
+                raise
+            if self._launch_parked(merged, keeper=keeper):
+                return True
         self._starting = starting = asyncio.create_task(
             self._start(merged, keeper=keeper, still_wanted=still_wanted), name="elector-child-start"
         )
@@ -336,6 +356,16 @@ class ChildSupervisor:
             return
         send_signal(parked.process.pid, signal.SIGKILL)  # stuck: it has started nothing
 
+    async def settle(self) -> None:
+        """Wait until the keepers of stopped runs have exited too (each reported its tree gone,
+        so only its own exit was left), bounded like `unpark()`: a daemon about to exit leaves
+        no keeper behind, not even a dying one."""
+        if not self._exiting:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(KILL_REAP_SLACK_S * 10):
+                await asyncio.wait(set(self._exiting))
+
     def extend_validity(self, valid_until: float) -> bool:
         """Pass a renewal's validity end to the running child's keeper; False if there is none or
         it could not take it now (see `KeeperLink.send`)."""
@@ -446,6 +476,10 @@ class ChildSupervisor:
                 # A child stuck past SIGKILL: asyncio still reaps it whenever it dies (its pid
                 # stays protected from the reaper); nobody is left to report that exit.
                 run.watcher.cancel()
+            elif run.process.returncode is None and run.watcher is not None and not run.watcher.done():
+                # A keeper that reported its tree gone and is exiting: its watcher reaps it.
+                self._exiting.add(run.watcher)
+                run.watcher.add_done_callback(self._exiting.discard)
             if run.report_later:
                 self._unreported = result
             return result

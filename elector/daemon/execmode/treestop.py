@@ -4,8 +4,10 @@ every process of it is gone (see supervisor.py for the guarantees).
 * One killpg reaches the group atomically; members that moved to another group of the session
   are found in /proc by session id, and orphans reparented to us (a subreaper) by parent, and
   signalled one by one; each newcomer once.
-* Under a keeper, the stop first waits for the keeper's exit: it reports its tree gone right
-  before (keeper.py), and then no /proc scan is needed at all.
+* Under a keeper, the stop first waits for the keeper's report that its tree is gone, which
+  comes with the command's status right before the keeper exits (keeper.py): then no /proc scan
+  is needed at all, and the stop returns without waiting for the keeper's own exit (asyncio
+  reaps it a moment later). Without the report, it waits for the keeper's exit and looks.
 * Exits are seen through pidfds (`ExitWatch`) and the child's own exit, the tree looked at again
   after each; without pidfds, every `_POLL_S`. After SIGKILL the wait is bounded by
   `KILL_REAP_SLACK_S`: what is still alive then is returned (survivors).
@@ -119,13 +121,17 @@ class TreeStopper:
         watch = ExitWatch(run.wake)
         try:
             if group_signalled and run.keeper is not None and watch.available:
-                # The keeper signals the rest of its tree and exits once all of it is gone: wait
-                # for that before looking at /proc (a look costs ms that the dying tree could use).
+                # The keeper signals the rest of its tree and reports it gone once all of it is:
+                # wait for that before looking at /proc (a look costs ms that the dying tree
+                # could use). The report comes with the command's status, right before the
+                # keeper's exit: no need to wait for that exit too (see keeper.py).
                 watch.watch([run.pid])
-                # Until its exit is known (through the pidfd, or asyncio's report when its thread
-                # reaped the keeper first), a hurry, or the deadline: a wake-up can come before
-                # the exit code can be read, and deciding then would scan for nothing.
-                while not run.hurry.is_set() and not self.exited(run, watch):
+                run.keeper.watch_report(run.wake.set)
+                # Until its report or its exit is known (through the pidfd, or asyncio's report
+                # when its thread reaped the keeper first), a hurry, or the deadline: a wake-up
+                # can come before the exit code can be read, and deciding then would scan for
+                # nothing.
+                while not run.hurry.is_set() and not self.reported(run) and not self.exited(run, watch):
                     try:
                         async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                             await run.wake.wait()
@@ -133,7 +139,7 @@ class TreeStopper:
                         break
                     run.wake.clear()
                 # It reported its tree gone right before it exited: no scan (see keeper.py).
-                if run.keeper.tree_gone() and self.exited(run, watch):
+                if run.keeper.tree_gone() and (self.reported(run) or self.exited(run, watch)):
                     return ()
             tree = self.tree(run)
             group = [proc.pid for proc in tree if proc.pgid == run.pid and proc.alive]
@@ -181,6 +187,21 @@ class TreeStopper:
                 tree = self.tree(run)
         finally:
             watch.close()
+            if run.keeper is not None:
+                run.keeper.unwatch_report()
+
+    @staticmethod
+    def reported(run: Run) -> bool:
+        """Whether the keeper reported its tree gone with the command's status; that status is
+        then the run's exit code (the keeper exits like the command, a moment later)."""
+        if run.keeper is None:
+            return False
+        code = run.keeper.reported_exit_code()
+        if code is None:
+            return False
+        if run.returncode is None:
+            run.seen_returncode = code
+        return True
 
     @staticmethod
     def exited(run: Run, watch: ExitWatch) -> bool:

@@ -53,8 +53,8 @@ def test_without_news_term_comes_one_grace_before_the_deadline_and_kill_at_it() 
     assert plan.deadline == pytest.approx(102.1)
     assert (plan.term_at, plan.kill_at) == (pytest.approx(100.1), pytest.approx(102.1))
     assert plan.due(100.0) is None
-    assert plan.due(100.1) is signal.SIGTERM
-    assert plan.due(102.1) is signal.SIGKILL
+    assert plan.due(100.1) == signal.SIGTERM
+    assert plan.due(102.1) == signal.SIGKILL
 
 
 def test_a_renewal_moves_both_and_an_older_or_broken_one_is_ignored() -> None:
@@ -583,3 +583,23 @@ def test_a_command_that_exits_on_term_ends_the_keeper_without_its_stop_poll(
 
     # Far below the hour of the poll: a wake-up (SIGCHLD) ended it.
     assert process.wait(timeout=30) == -signal.SIGTERM
+
+
+def test_the_keeper_loads_few_modules() -> None:
+    # Every module costs the keeper's interpreter memory, in every exec-mode pod: its bootstrap
+    # and keeper.py import neither typing nor enum (signal's), contextlib nor importlib.util.
+    listing = "print(' '.join(sorted(sys.modules)))"
+    bootstrap = _BOOTSTRAP.replace("keeper.main(sys.argv[1:])", "keeper._prctl(1, 0); " + listing)
+    assert bootstrap != _BOOTSTRAP
+    keeper_path = str(Path(__file__).parents[3] / "elector/daemon/execmode/keeper.py")
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", bootstrap, keeper_path],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    loaded = set(done.stdout.split())
+    assert "elector_keeper" not in loaded and "ctypes" in loaded, "the listing is the keeper's"
+    assert not loaded & {"typing", "enum", "signal", "contextlib", "importlib.util", "collections"}, loaded

@@ -22,6 +22,7 @@ import structlog.testing
 
 from elector.daemon.execmode.runner import ExecMode, command_backoff
 from elector.daemon.execmode.supervisor import AwaitedChildren
+from elector.daemon.service import SHUTDOWN_NICE_INCREMENT
 from elector.daemon.settings import ChildExitPolicy, ExecSettings
 from elector.daemon.testing_hooks import BLOCK_LOOP_ENV
 from elector.election import ElectionStatus, State, StepDownReason
@@ -166,7 +167,30 @@ def test_a_follower_keeps_a_keeper_parked_and_the_takeover_runs_the_command_unde
     assert second[1] == "b" and int(second[2]) > int(first[2]), "with the new term's token"
     b.signal(signal.SIGTERM)
     assert b.wait(timeout_s=5) == 0
-    assert not alive(parked[0]) and not alive(command)
+    assert not alive(command)
+    # The daemon waited for its keeper's exit after the release, within a bound (see settle()).
+    wait_until(lambda: not alive(parked[0]), timeout_s=10)
+
+
+def nice_of(pid: int) -> int:
+    """The niceness of the process's main thread (its event loop's)."""
+    return int(Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+def test_once_its_lease_is_released_the_daemon_steps_back_on_the_cpu(daemon, seeded, work) -> None:
+    # The rest of a shutdown (and the exit) is not urgent; a successor's start on the same host is.
+    a = daemon("a", "--shutdown-linger", "60s")
+    wait_until(lambda: len(pids(work, "a")) == 2, timeout_s=3)
+    assert a.process is not None
+    leading_nice = nice_of(a.process.pid)
+
+    a.signal(signal.SIGTERM)
+    wait_until(lambda: a.logged_at("lingering") is not None, timeout_s=10)
+
+    assert a.logged_at("released") is not None
+    assert nice_of(a.process.pid) == min(19, leading_nice + SHUTDOWN_NICE_INCREMENT)
+    a.signal(signal.SIGTERM)
+    assert a.wait(timeout_s=10) == 0
 
 
 def test_a_followers_parked_keeper_ends_with_the_daemon(daemon, seeded, work) -> None:

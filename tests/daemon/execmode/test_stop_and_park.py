@@ -13,6 +13,7 @@ import contextlib
 import errno
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -189,7 +190,28 @@ async def test_a_parked_keeper_runs_the_next_command_with_the_starts_environment
     result = await supervisor.stop()
 
     assert result is not None and result.pid == parked and result.survivors == ()
-    assert not any(running(pid) for pid in (parked, command, grandchild))
+    assert not any(running(pid) for pid in (command, grandchild))
+    await supervisor.settle()  # the stop went on at the keeper's report, before its own exit
+    await until(lambda: not running(parked), timeout_s=30)  # (settle's wait is bounded)
+
+
+async def test_a_parked_keeper_gets_its_start_order_before_anything_else_runs(tmp_path: Path) -> None:
+    # The start after a grant is one write to the parked keeper: no loop iteration comes first
+    # (anything queued meanwhile, an announcement's parsing say, runs after the order is out).
+    supervisor = supervisor_for(tmp_path, [], grace_s=GRACE_S)
+    assert await supervisor.park(keeper=parked_link(GRACE_S), env={"PATH": os.environ["PATH"]})
+    parked = supervisor.parked_pid
+    ran: list[int] = []
+    asyncio.get_running_loop().call_soon(ran.append, 1)
+
+    started = await supervisor.start(env={"ELECTOR_FENCING_TOKEN": "3"}, keeper=link(GRACE_S))
+
+    assert started and supervisor.pid == parked
+    assert ran == [], "the start let the loop run before the order was written"
+    command, grandchild = await read_pids(tmp_path / "pids", count=2)
+    result = await supervisor.stop()
+    assert result is not None and result.survivors == ()
+    assert not any(running(pid) for pid in (command, grandchild))
 
 
 async def test_a_parked_keeper_that_died_is_replaced_by_a_fresh_one(tmp_path: Path) -> None:
@@ -266,3 +288,32 @@ def test_the_filtered_process_scan_finds_what_the_full_one_does() -> None:
     assert all(proc.sid == session or proc.ppid == me for proc in filtered)
     children = {proc.pid for proc in proctree.all_procs() if proc.ppid == me}
     assert {proc.pid for proc in proctree.all_procs(parent=me)} == children
+
+
+#: Switches the child watcher as the daemon does, then starts a child and waits for it.
+PIDFD_WATCHER = """
+import asyncio, threading
+from elector.daemon.execmode.proctree import watch_children_with_pidfds
+
+async def main():
+    watch_children_with_pidfds(asyncio.get_running_loop())
+    before = threading.active_count()
+    process = await asyncio.create_subprocess_exec("sh", "-c", "exit 3")
+    during = threading.active_count()
+    print(before, during, await process.wait())
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfds")
+def test_the_daemons_children_are_waited_for_in_its_loop_without_a_thread_each() -> None:
+    # Python 3.11's default starts a thread per child, whose exit then needs the GIL back in the
+    # middle of a handoff; with pidfds (3.12's default) the loop sees the exit itself.
+    done = subprocess.run(
+        [sys.executable, "-c", PIDFD_WATCHER], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    before, during, code = done.stdout.split()
+    assert code == "3", "the child's exit status is reported"
+    assert during == before, "a thread was started to wait for the child"

@@ -9,13 +9,16 @@ import asyncio
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from structlog.testing import CapturingLogger
 
+from elector.daemon.execmode import supervisor as supervisor_module
 from elector.daemon.execmode.keeper_link import KeeperLink
-from elector.daemon.execmode.proctree import Proc
-from elector.daemon.execmode.supervisor import ChildExit
+from elector.daemon.execmode.proctree import AwaitedChildren, Proc
+from elector.daemon.execmode.supervisor import ChildExit, ChildSupervisor
 from elector.daemon.execmode.treestop import TreeStopper
 from tests.daemon.execmode.test_keeper import (
     GRACE_S,
@@ -26,7 +29,7 @@ from tests.daemon.execmode.test_keeper import (
     wait_for_pids,
 )
 from tests.daemon.execmode.test_stop_and_park import link, supervisor_for
-from tests.daemon.execmode.test_supervisor import read_pids
+from tests.daemon.execmode.test_supervisor import read_pids, state
 
 #: A command and a grandchild that both exit on TERM.
 BOTH_EXIT = "sleep 1000 & echo $! $$ > {d}/tree.pid; wait"
@@ -119,3 +122,59 @@ async def test_stop_trusts_the_report_and_scans_without_it(
     assert result.returncode == -signal.SIGTERM and result.signal == signal.SIGTERM
     assert not running(command) and not running(grandchild)
     assert (scans == []) is reported
+
+
+#: Stands in for a keeper that is slow to exit after its report: on the group's TERM it reports
+#: the command's tree gone with the status of a death by SIGTERM, as keeper.py does, and then
+#: lives on until SIGUSR1. Writes its pid to READY once its handlers are in place.
+LINGERING_KEEPER = """
+import os, signal, sys
+status_fd, ready = int(sys.argv[1]), sys.argv[2]
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM, signal.SIGUSR1])
+with open(ready, "w") as out:
+    out.write(f"{os.getpid()}\\n")
+signal.sigwait([signal.SIGTERM])
+os.write(status_fd, b"status %d\\ngone\\n" % signal.SIGTERM)
+signal.sigwait([signal.SIGUSR1])
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
+os.kill(os.getpid(), signal.SIGTERM)
+"""
+
+
+class LingeringKeeperLink(KeeperLink):
+    def __init__(self, ready: Path) -> None:
+        super().__init__(valid_until=1e12, kill_grace_s=600.0, margin_s=600.1)
+        self.ready = ready
+
+    def argv(self, command: object) -> list[str]:
+        return [sys.executable, "-c", LINGERING_KEEPER, str(self.status_write_fd), str(self.ready)]
+
+
+async def test_stop_goes_on_at_the_report_and_settle_waits_for_the_keepers_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The release may go out once the tree is gone; the keeper's own exit (milliseconds of a
+    # dying interpreter) is not waited for then, but by settle() (the daemon's last act).
+    monkeypatch.setattr(supervisor_module, "KILL_REAP_SLACK_S", 60.0)  # settle()'s bound: 10 min
+    children = AwaitedChildren()
+    exits: list[ChildExit] = []
+    supervisor = ChildSupervisor(
+        ["true"], kill_grace_s=600.0, on_exit=exits.append, children=children, logger=CapturingLogger()
+    )
+    await supervisor.start(env={}, keeper=LingeringKeeperLink(tmp_path / "ready"))
+    [keeper_pid] = await read_pids(tmp_path / "ready", timeout_s=60)
+
+    result = await asyncio.wait_for(supervisor.stop(), timeout=60)
+
+    assert running(keeper_pid), "the stop waited for the keeper's exit"
+    assert result is not None and result.stopped_by_us and result.survivors == ()
+    assert result.returncode == -signal.SIGTERM and result.signal == signal.SIGTERM
+    assert supervisor.idle and exits == []
+    settle = asyncio.create_task(supervisor.settle())
+    await asyncio.sleep(0.1)
+    assert not settle.done(), "settle() returned while the keeper still lives"
+    os.kill(keeper_pid, signal.SIGUSR1)
+    await asyncio.wait_for(settle, timeout=60)
+    assert state(keeper_pid) is None, "settle() returned before the keeper was reaped"
+    assert keeper_pid not in children.waited
+    assert exits == [], "a stopped run's late exit is not reported as a natural one"
