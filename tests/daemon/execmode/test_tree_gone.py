@@ -6,6 +6,7 @@ with it stop() needs no /proc scan of its own. Real processes, as in test_keeper
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -163,18 +164,26 @@ async def test_stop_goes_on_at_the_report_and_settle_waits_for_the_keepers_exit(
     )
     await supervisor.start(env={}, keeper=LingeringKeeperLink(tmp_path / "ready"))
     [keeper_pid] = await read_pids(tmp_path / "ready", timeout_s=60)
+    let_go = False
+    try:
+        result = await asyncio.wait_for(supervisor.stop(), timeout=60)
 
-    result = await asyncio.wait_for(supervisor.stop(), timeout=60)
-
-    assert running(keeper_pid), "the stop waited for the keeper's exit"
-    assert result is not None and result.stopped_by_us and result.survivors == ()
-    assert result.returncode == -signal.SIGTERM and result.signal == signal.SIGTERM
-    assert supervisor.idle and exits == []
-    settle = asyncio.create_task(supervisor.settle())
-    await asyncio.sleep(0.1)
-    assert not settle.done(), "settle() returned while the keeper still lives"
-    os.kill(keeper_pid, signal.SIGUSR1)
-    await asyncio.wait_for(settle, timeout=60)
+        assert running(keeper_pid), "the stop waited for the keeper's exit"
+        assert result is not None and result.stopped_by_us and result.survivors == ()
+        assert result.returncode == -signal.SIGTERM and result.signal == signal.SIGTERM
+        assert supervisor.idle and exits == []
+        settle = asyncio.create_task(supervisor.settle())
+        await asyncio.sleep(0.1)
+        assert not settle.done(), "settle() returned while the keeper still lives"
+        os.kill(keeper_pid, signal.SIGUSR1)
+        let_go = True
+        await asyncio.wait_for(settle, timeout=60)
+    finally:
+        # The stand-in lives until SIGUSR1: a failure before it must not leave it running for
+        # ever. (Until then it cannot have been reaped, so its pid is still its own.)
+        if not let_go:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(keeper_pid, signal.SIGKILL)
     assert state(keeper_pid) is None, "settle() returned before the keeper was reaped"
     assert keeper_pid not in children.waited
     assert exits == [], "a stopped run's late exit is not reported as a natural one"
