@@ -256,6 +256,21 @@ async def test_a_negative_flush_spacing_is_refused(client_for) -> None:
         ScriptBatcher(client_for(), min_flush_interval_s=-1)
 
 
+async def held_leases(
+    client: redis.asyncio.Redis, raw: redis.asyncio.Redis, batcher: ScriptBatcher, *, prefix: str, count: int
+) -> tuple[list[RedisLeaseBackend], list[Lease]]:
+    """`count` used locks `{prefix}-{i}`, each acquired by "a" through `batcher`: backends and leases."""
+    backends, leases = [], []
+    for i in range(count):
+        await seed_used_lock_async(raw, f"{prefix}-{i}")
+        backend = RedisLeaseBackend(client, lock=f"{prefix}-{i}", batcher=batcher)
+        granted = await backend.acquire("a", ttl_ms=TTL_MS)
+        assert isinstance(granted, Granted)
+        backends.append(backend)
+        leases.append(granted.lease)
+    return backends, leases
+
+
 async def test_renewals_of_a_round_go_out_as_one_batch_script_and_each_gets_its_own_answer(
     client_for, raw
 ) -> None:
@@ -263,15 +278,7 @@ async def test_renewals_of_a_round_go_out_as_one_batch_script_and_each_gets_its_
     its own result: a plain renewal, a lost lease (never re-created), a TTL replaced."""
     client = client_for()
     batcher = ScriptBatcher(client)
-    backends = []
-    leases = []
-    for i in range(5):
-        await seed_used_lock_async(raw, f"round-{i}")
-        backend = RedisLeaseBackend(client, lock=f"round-{i}", batcher=batcher)
-        granted = await backend.acquire("a", ttl_ms=TTL_MS)
-        assert isinstance(granted, Granted)
-        backends.append(backend)
-        leases.append(granted.lease)
+    backends, leases = await held_leases(client, raw, batcher, prefix="round", count=5)
     assert all(backend.renews_in_rounds for backend in backends)
     await raw.delete(backends[3].keys.lease)  # lapsed: RENEW must not bring it back
     await raw.pexpire(backends[0].keys.lease, 100)
@@ -333,14 +340,7 @@ def test_a_packed_batch_is_byte_for_byte_what_redis_py_would_send() -> None:
 async def test_packed_renewals_meet_noscript_and_are_sent_again_once_loaded(client_for, raw) -> None:
     client = client_for()
     batcher = ScriptBatcher(client)
-    backends, leases = [], []
-    for i in range(3):
-        await seed_used_lock_async(raw, f"flush-{i}")
-        backend = RedisLeaseBackend(client, lock=f"flush-{i}", batcher=batcher)
-        granted = await backend.acquire("a", ttl_ms=TTL_MS)
-        assert isinstance(granted, Granted)
-        backends.append(backend)
-        leases.append(granted.lease)
+    backends, leases = await held_leases(client, raw, batcher, prefix="flush", count=3)
     await raw.script_flush()
     replies = [backend.renew_soon(lease) for backend, lease in zip(backends, leases, strict=True)]
     await asyncio.wait(replies)
