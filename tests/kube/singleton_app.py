@@ -13,8 +13,10 @@ the machine on Linux), so the test can line them up with its own observations of
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
+import signal
 import threading
 import time
 from pathlib import Path
@@ -27,6 +29,9 @@ from elector.kube import run_singleton_blocking
 
 
 def main() -> None:
+    # The test sends SIGUSR1 before it fails on a missing event: every thread's stack goes to the
+    # log (stderr), so a kopf that did not stop shows where it waits.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     parser = argparse.ArgumentParser()
     parser.add_argument("--identity", required=True)
     parser.add_argument("--redis-url", required=True)

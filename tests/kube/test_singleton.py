@@ -87,13 +87,18 @@ class SingletonProcess:
             if self.process.poll() is not None:
                 break
             await asyncio.sleep(0.02)
+        lines = 40
+        if self.process.poll() is None:  # where every thread waits (singleton_app's faulthandler)
+            self.process.send_signal(signal.SIGUSR1)
+            await asyncio.sleep(1.0)
+            lines = 160
         raise AssertionError(
             f"{self.identity}: no {kind!r} event{f' for {name}' if name else ''} in {timeout_s}s "
-            f"(exit code {self.process.poll()}); events: {self.events()}\nlog:\n{self.log_tail()}"
+            f"(exit code {self.process.poll()}); events: {self.events()}\nlog:\n{self.log_tail(lines)}"
         )
 
-    def log_tail(self) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-40:])
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -409,7 +414,10 @@ async def test_on_stuck_wait_holds_the_lease_until_kopf_stops(
 
         unblocked_at = time.monotonic()
         unblock.touch()
-        await a.wait_for("exited", timeout_s=15)
+        # 30 s: under `make test-loaded` kopf's thread once had not finished 15 s after the handler
+        # returned (the cause unknown then: a failure now shows every thread's stack). What is
+        # under test is the order (lease held until kopf stops, then released), not kopf's speed.
+        await a.wait_for("exited", timeout_s=30)
         b_leading = await b.wait_for("leading", timeout_s=ttl_s + 5)
         a_expiry = watcher.expiry_of("a")
 

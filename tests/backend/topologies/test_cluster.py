@@ -170,7 +170,10 @@ async def test_a_moved_slot_is_followed_and_a_migrating_one_is_an_error(
 async def test_a_dead_master_is_a_backend_error_and_other_slots_keep_working(
     fresh_cluster: LocalCluster, clients: Callable[..., Awaitable[RedisCluster]]
 ) -> None:
-    client = await clients(fresh_cluster)
+    # 2 s, not the default 0.5 s: the 12 grants below open their connections at once, and under a
+    # loaded suite (`make test-loaded`) connecting alone took over 0.5 s. A grant cannot be retried
+    # blindly (a timed-out acquire may have been granted), so it gets the time instead.
+    client = await clients(fresh_cluster, timeout_s=2.0)
     names = [f"lock-{i}" for i in range(12)]
     backends = {name: cluster_lease_backend(client, lock=name) for name in names}
     # The leases must outlast the test, whose failing requests to the dead node (each up to the
