@@ -46,9 +46,16 @@ def _pyplot() -> Any:
 
 
 def plot_vs_locks(
-    path: Path, *, locks: list[int], series: dict[str, list[float]], ylabel: str, title: str
+    path: Path,
+    *,
+    locks: list[int],
+    series: dict[str, list[float]],
+    ylabel: str,
+    title: str,
+    dashed: frozenset[str] = frozenset(),
 ) -> None:
-    """One line per series against the number of locks (log x axis when the counts span 10x)."""
+    """One line per series against the number of locks (log x axis when the counts span 10x);
+    the series named in `dashed` (an earlier run's, for before/after) are drawn dashed."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=_SIZE_IN)
     try:
@@ -56,9 +63,12 @@ def plot_vs_locks(
             if len(values) != len(locks):
                 raise ValueError(f"series {label!r} has {len(values)} values for {len(locks)} lock counts")
             # NaN marks a scale that was not measured: matplotlib leaves a gap there.
-            ax.plot(locks, values, marker="o", label=label)
+            style = "--" if label in dashed else "-"
+            ax.plot(locks, values, style, marker="o", label=label)
         if locks and min(locks) > 0 and max(locks) / min(locks) >= 10:
             ax.set_xscale("log")
+        if _spans_decades([v for values in series.values() for v in values]):
+            ax.set_yscale("log")  # 3 ms and 300 ms on one plot: both readable
         ax.set_xticks(locks)
         ax.set_xticklabels([f"{n:,}" for n in locks])
         ax.set_xlabel("locks per daemon")

@@ -54,6 +54,21 @@ FULL = (
     Scale(100_000, 300.0, 60.0),
 )
 QUICK = (Scale(100, 25.0, 10.0), Scale(1000, 35.0, 15.0))
+
+#: The last full run before renewals were batched (docs/benchmarks.md of that date, one run per
+#: scale, RSS of the daemon alone: PSS was not measured then), drawn dashed in the plots.
+BEFORE_RUN = "2026-11-23"
+BEFORE: dict[int, dict[str, float]] = {
+    100: {"cpu_pct": 3.7, "redis_cpu_pct": 1.1, "rss_mib": 46.7, "p99_start_ms": 3.17, "p99_ms": 3.08},
+    1000: {"cpu_pct": 24.7, "redis_cpu_pct": 6.1, "rss_mib": 64.4, "p99_start_ms": 4.30, "p99_ms": 4.21},
+    10_000: {
+        "cpu_pct": 81.3,
+        "redis_cpu_pct": 24.9,
+        "rss_mib": 264.6,
+        "p99_start_ms": 333.47,
+        "p99_ms": 96.47,
+    },
+}
 #: --metrics-per-lock settings scraped besides the default (auto).
 OTHER_METRICS_MODES = ("always", "never")
 
@@ -251,18 +266,32 @@ def _plot(result: BenchResult, rows: dict[int, dict[str, float]]) -> None:
         result.notes.append("No plots: bench/harness/plots.py is missing.")
         return
     locks = sorted(rows)
+
+    def now(key: str) -> list[float]:
+        return [rows[n][key] for n in locks]
+
+    def before(key: str) -> list[float]:
+        return [BEFORE.get(n, {}).get(key, math.nan) for n in locks]
+
+    was = f"before ({BEFORE_RUN})"
     figures = [
-        ("many_locks_cpu", {"daemon CPU": [rows[n]["cpu_pct"] for n in locks],
-                            "Redis CPU": [rows[n]["redis_cpu_pct"] for n in locks]}, "% of one core", "CPU"),
-        ("many_locks_rss", {"PSS": [rows[n]["pss_mib"] for n in locks],
-                            "RSS": [rows[n]["rss_mib"] for n in locks]}, "MiB", "Daemon tree PSS and RSS"),
-        ("many_locks_p99", {"from start": [rows[n]["p99_start_ms"] for n in locks],
-                            "window": [rows[n]["p99_ms"] for n in locks]}, "ms", "Renew p99"),
+        ("many_locks_cpu", {"daemon CPU": now("cpu_pct"), "Redis CPU": now("redis_cpu_pct"),
+                            f"daemon CPU {was}": before("cpu_pct"),
+                            f"Redis CPU {was}": before("redis_cpu_pct")},
+         "% of one core", "CPU"),
+        ("many_locks_rss", {"PSS": now("pss_mib"), "RSS": now("rss_mib"), f"RSS {was}": before("rss_mib")},
+         "MiB", "Daemon tree PSS and RSS"),
+        ("many_locks_p99", {"from start": now("p99_start_ms"), "window": now("p99_ms"),
+                            f"from start {was}": before("p99_start_ms"), f"window {was}": before("p99_ms")},
+         "ms", "Renew p99"),
     ]  # fmt: skip
     for name, series, ylabel, title in figures:
         path = plots.image_path(name)
+        dashed = frozenset(label for label in series if label.endswith(was))
         try:
-            plots.plot_vs_locks(path, locks=locks, series=series, ylabel=ylabel, title=f"{title} vs locks")
+            plots.plot_vs_locks(
+                path, locks=locks, series=series, ylabel=ylabel, title=f"{title} vs locks", dashed=dashed
+            )
         except plots.PlotsUnavailable as exc:
             result.notes.append(f"No plots: {exc}")
             return
