@@ -92,10 +92,17 @@ class Target:
     goal: str
     figure: str
     met: bool | None  # None: not measurable in this run
+    #: Why a missed target is missed (what the profile or the protocol says), shown only when MISSED.
+    reason: str = ""
 
     @property
     def verdict(self) -> str:
         return {True: "met", False: "MISSED", None: "not measured"}[self.met]
+
+    @property
+    def why(self) -> str:
+        """`reason` of a missed target, else empty."""
+        return self.reason if self.met is False else ""
 
 
 @dataclasses.dataclass

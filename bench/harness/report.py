@@ -33,7 +33,10 @@ def render_console(result: BenchResult) -> str:
     if result.error:
         out.append(f"FAILED: {result.error}")
     out += [f"\n{table.render()}" for table in result.tables]
-    out += [""] + [f"target {t.what}: {t.verdict} ({t.figure}; goal {t.goal})" for t in result.targets]
+    out += [""] + [
+        f"target {t.what}: {t.verdict} ({t.figure}; goal {t.goal})" + (f"; why: {t.why}" if t.why else "")
+        for t in result.targets
+    ]
     out += [f"note: {note}" for note in result.notes]
     out += [f"image: {image} ({caption})" for image, caption in result.images]
     return "\n".join(out) + "\n"
@@ -58,7 +61,10 @@ def render_section(result: BenchResult, run: RunInfo, *, docs_dir: Path) -> str:
         out += [f"![{caption}]({_relative(image, docs_dir)})", ""]
     if result.targets:
         out += ["Targets:", ""]
-        out += [f"- {t.what}: **{t.verdict}**: {t.figure} (goal {t.goal})" for t in result.targets]
+        out += [
+            f"- {t.what}: **{t.verdict}**: {t.figure} (goal {t.goal})" + (f". Why: {t.why}" if t.why else "")
+            for t in result.targets
+        ]
         out.append("")
     out += [f"Note: {note}\n" for note in result.notes]
     out.append(f"<!-- bench:{result.name}:end -->")
@@ -77,12 +83,12 @@ def render_header(run: RunInfo, results: Sequence[BenchResult]) -> str:
     facts = Table("Machine", ["fact", "value"])
     for key, value in run.facts.items():
         facts.add(key, value.replace("|", "/"))
-    summary = Table("Targets of this run", ["benchmark", "target", "measured", "verdict"])
+    summary = Table("Targets of this run", ["benchmark", "target", "measured", "verdict", "why missed"])
     for result in results:
         for t in result.targets:
-            summary.add(result.name, t.what, t.figure, t.verdict)
+            summary.add(result.name, t.what, t.figure, t.verdict, t.why.replace("|", "/"))
         if result.error:
-            summary.add(result.name, "(benchmark failed)", result.error[:80].replace("\n", " "), "error")
+            summary.add(result.name, "(benchmark failed)", result.error[:80].replace("\n", " "), "error", "")
     lines = [
         "# Benchmarks",
         "",

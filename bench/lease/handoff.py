@@ -153,6 +153,11 @@ def run(ctx: Context) -> BenchResult:
                 "<= 15 ms",
                 f"p99 {elector.p99 * 1000:.1f} ms (median {elector.median * 1000:.1f} ms)",
                 elector.p99 <= TARGET_P99_S,
+                reason=(
+                    "the tail is on the old leader's side (see the split: SIGTERM to `released`, where "
+                    "it stops its work and runs the release script) when the two daemons, Redis and the "
+                    "bench compete for the 2 cores; with 30 runs the p99 is the slowest run"
+                ),
             )
         ],
     )
