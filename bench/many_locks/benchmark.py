@@ -93,6 +93,50 @@ GOALS = (
 )
 
 
+#: Why a target is missed when it is (shown only then). From a py-spy profile of the bench daemon
+#: at 10,000 locks in its steady window (quiet machine, 2026-11-27: 43.7 % of a core for 3,333
+#: renewals/s, ~130 us each), the lease scripts' text, and the start-up's design.
+_PER_RENEWAL = (
+    "~130 us of CPU per renewal: the round's per-lease bookkeeping and outcome (state machine "
+    "step, CycleOutcome, metrics) ~45 %, status snapshots for the HTTP thread (at each outcome and "
+    "round-robin every 5 s) ~23 %, redis-py's send and parse ~12 %, the event loop's polling ~12 %; "
+    "a tenth of a core at 10,000 locks needs ~30 us: outcomes and status per round, not per lease"
+)
+WHY_MISSED: dict[tuple[int, str], str] = {
+    (1000, "CPU"): _PER_RENEWAL,
+    (10_000, "CPU"): _PER_RENEWAL,
+    (10_000, "Redis CPU"): (
+        "the renewal script's own work, ~88 us of Redis CPU per lease: ~14 commands each (TIME; the "
+        "candidate registry's ZSCORE/HSET/ZADD and the instance check's ZSCORE/HGET, which keep "
+        "rivals and identity clashes visible; GET and PEXPIRE; the meta's EXISTS/HMGET; the handoff "
+        "GET; the live rivals' ZRANGEBYSCORE/HMGET). Batching cut EVALSHA from ~3,500/s to 50/s, "
+        "not these; 8 % needs a renewal that skips the registry and meta while they are fresh "
+        "(a protocol change, not made)"
+    ),
+    (1000, "PSS of the process tree"): (
+        "per lock: an Election with its asyncio task and timers, its pub/sub subscription queue, a "
+        "status snapshot and its log context (see the slope); not broken down by allocation"
+    ),
+    (10_000, "PSS of the process tree"): (
+        "per lock: an Election with its asyncio task and timers, its pub/sub subscription queue, a "
+        "status snapshot and its log context (see the slope); not broken down by allocation"
+    ),
+    (10_000, "start-up to all acquired"): (
+        "by design the first tries are spread over one ttl (10 s at 10,000 locks, so that renewals "
+        "never fall due together) with at most 32 first cycles in flight; each start (subscribe, "
+        "acquire, the `acquired` log line, the first status) costs CPU beside the renewals of the "
+        "locks already started, and the one loop is then the limit"
+    ),
+    (10_000, "renew p99 from start"): (
+        "renewals queue behind the start-up's work on the one loop (see start-up)"
+    ),
+    (100_000, "leases lost and step-downs"): (
+        "at ~130 us of CPU per renewal, 100,000 locks at ttl 10 s (~33,000 renewals/s) need about "
+        "4 cores; one daemon's loop (one core) sustains about 23,000 locks renewed every 3 s"
+    ),
+}
+
+
 def scrape_other_modes(ctx: Context, count: int) -> dict[str, float]:
     """Median /metrics time of each other --metrics-per-lock setting (auto's is measured in `measure`)."""
     out: dict[str, float] = {}
@@ -226,7 +270,9 @@ def run(ctx: Context) -> BenchResult:
 def _failed_targets(goal: Goal, why: str) -> list[Target]:
     """Every target of a scale whose run failed: MISSED, with the failure as the figure."""
     return [
-        Target(f"{target.what} (run failed)", target.goal, f"not measured: {why}", False)
+        Target(
+            f"{target.what} (run failed)", target.goal, f"not measured: {why}", False, reason=target.reason
+        )
         for target in _targets(goal, None, quick=False)
     ]
 
@@ -255,7 +301,8 @@ def _targets(goal: Goal, row: dict[str, float] | None, *, quick: bool) -> list[T
         figure = missing if measured is None else f"{measured:.2f} {unit}".strip()
         met = None if measured is None else measured <= goal_value
         bound = f"<= {goal_value:g} {unit}".strip()
-        out.append(Target(f"{what} {bound} ({where})", bound, figure, met))
+        why = WHY_MISSED.get((goal.locks, what), "")
+        out.append(Target(f"{what} {bound} ({where})", bound, figure, met, reason=why))
     return out
 
 
