@@ -26,6 +26,7 @@ from redis.backoff import ExponentialBackoff, NoBackoff
 import elector
 import elector.api
 from elector import Elector, ElectorConfigError, Leadership, LeadershipLost, StepDownReason
+from elector.backend.lua.lease import LockKeys
 from elector.control.handoff import run_handoff
 from elector.election.clock import boottime
 from tests.support.seed import seed_used_lock_async
@@ -542,7 +543,11 @@ async def test_a_body_slower_than_stop_work_s_never_runs_beside_its_successor(
     b = make("b", ttl_s=2.0)
     await b.start()
     second = JournaledWorker(b, journal, unwind_s=1.0)
-    await asyncio.sleep(0.3)  # b is a live candidate
+    # b is a live candidate once its first try registered it (not after a fixed 0.3 s: under
+    # `make test-loaded` it had not tried yet, and the handoff to it was refused).
+    async with asyncio.timeout(30):
+        while not await raw.hexists(LockKeys(LOCK).candidates, "b"):  # noqa: ASYNC110 (Redis's state)
+            await asyncio.sleep(0.02)
     assert a.timing.stop_work_s < 1.0  # the body outlives the step-down's wait
     if trigger == "handoff":
         result = await asyncio.to_thread(

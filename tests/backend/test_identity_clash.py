@@ -46,7 +46,10 @@ async def instance(
     clients: list[redis.asyncio.Redis] = []
 
     def make(lock: str = "jobs", *, batcher: ScriptBatcher | None = None) -> RedisLeaseBackend:
-        client = batcher.client if batcher is not None else make_client(RedisSettings(url=redis_url))
+        # 5 s, not the default 1 s: these tests are about what the scripts store and answer, and
+        # under `make test-loaded` a new client's connect alone timed out at 1 s.
+        settings = RedisSettings(url=redis_url, request_timeout_s=5.0)
+        client = batcher.client if batcher is not None else make_client(settings)
         clients.append(client)
         return RedisLeaseBackend(client, lock=lock, batcher=batcher)
 

@@ -55,7 +55,12 @@ def main() -> None:
     journal = _open(_argument("--journal"))
     identity = os.environ["ELECTOR_IDENTITY"]
     token = int(os.environ["ELECTOR_FENCING_TOKEN"])
-    base = {"identity": identity, "pid": os.getpid(), "token": token}
+    # The start time (clock ticks since boot, /proc/self/stat field 22) names this process for
+    # good: the harness signals a pid only while it still has it, never a process that got the
+    # pid after this one ended (pid_max can be 32768; a loaded suite recycles pids in minutes).
+    with open("/proc/self/stat") as stat:
+        starttime = int(stat.read().rsplit(")", 1)[1].split()[19])
+    base = {"identity": identity, "pid": os.getpid(), "token": token, "starttime": starttime}
     _append(journal, {"kind": "start", "t": _START, "lock": os.environ["ELECTOR_LOCK"], **base})
 
     import asyncio

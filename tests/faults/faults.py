@@ -70,7 +70,7 @@ def kill_leader(cluster: Cluster) -> Injected:
     """SIGKILL the leader's pod: the daemon and its command's process group, at once."""
     node, child = _leader(cluster)
     injected = _record(cluster, "kill_leader", excuse_ttls=1.0, node=node, child_pid=child)
-    group = group_of(child)
+    group = group_of(child, cluster.starttime_of(child))
     os.kill(node.pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError, TypeError):
         os.killpg(group, signal.SIGKILL)  # type: ignore[arg-type]
@@ -120,7 +120,7 @@ def kill_keeper(cluster: Cluster, *, then_pause_daemon_s: float | None = None) -
     paused = then_pause_daemon_s is not None
     kind = "kill_keeper_pause_daemon" if paused else f"kill_keeper_{node.policy}"
     injected = _record(cluster, kind, excuse_ttls=1.0, node=node, child_pid=child)
-    keeper = group_of(child)  # the command runs in its keeper's group
+    keeper = group_of(child, cluster.starttime_of(child))  # the command runs in its keeper's group
     if keeper is not None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(keeper, signal.SIGKILL)
@@ -165,7 +165,9 @@ def pause_leader(cluster: Cluster, *, seconds: float, child_first: bool = False)
     kind = "pause_long" if seconds > cluster.ttl_s else "pause_short"
     injected = _record(cluster, kind, excuse_ttls=1.0 if kind == "pause_long" else 0.0, node=node,
                        child_pid=child)  # fmt: skip
-    group = group_of(child)  # the keeper's group: a frozen pod freezes the keeper too
+    group = group_of(
+        child, cluster.starttime_of(child)
+    )  # the keeper's group: a frozen pod freezes the keeper too
     os.kill(node.pid, signal.SIGSTOP)
     with contextlib.suppress(ProcessLookupError, TypeError):
         os.killpg(group, signal.SIGSTOP)  # type: ignore[arg-type]

@@ -43,12 +43,28 @@ RESOURCE_KEY = "{jobs}:resource"
 T = TypeVar("T")
 
 
-def group_of(pid: int) -> int | None:
-    """The process group of a leader's command: its keeper's (the command runs under one)."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (index 0: state, 2: pgrp, 19: starttime)."""
     try:
-        return os.getpgid(pid)
-    except ProcessLookupError:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
         return None
+
+
+def _same_process(fields: list[str], starttime: int | None) -> bool:
+    return starttime is None or (len(fields) > 19 and int(fields[19]) == starttime)
+
+
+def group_of(pid: int, starttime: int | None = None) -> int | None:
+    """The process group of a leader's command: its keeper's (the command runs under one).
+
+    With `starttime` (the child's start record has it), None once the pid belongs to another
+    process: a worker of the suite once got a dead child's pid under `make test-loaded`, and the
+    kill meant for the child's keeper group ended that worker."""
+    fields = _stat_fields(pid)
+    if fields is None or not _same_process(fields, starttime):
+        return None
+    return int(fields[2])
 
 
 def session_members(session: int) -> list[int]:
@@ -64,13 +80,11 @@ def session_members(session: int) -> list[int]:
     return found
 
 
-def alive(pid: int) -> bool:
-    """Still able to run: exists and is not a zombie (a zombie has exited, it only awaits its reaper)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+def alive(pid: int, starttime: int | None = None) -> bool:
+    """Still able to run: exists and is not a zombie (a zombie has exited, it only awaits its
+    reaper), and (with `starttime`) is still the process that started then, not a later one."""
+    fields = _stat_fields(pid)
+    return fields is not None and _same_process(fields, starttime) and fields[0] != "Z"
 
 
 class Journal:
@@ -269,7 +283,7 @@ class Cluster:
                             ttl_s=self.ttl_s, prompt_s=self.prompt_s)  # fmt: skip
         for pid in self.live_children():  # a frozen child would not act on its SIGTERM either
             with contextlib.suppress(OSError, TypeError):
-                os.killpg(group_of(pid), signal.SIGCONT)  # type: ignore[arg-type]
+                os.killpg(group_of(pid, self.starttime_of(pid)), signal.SIGCONT)  # type: ignore[arg-type]
         everyone = self.nodes + self.retired
         for node in everyone:  # all at once: followers must not take over one after another
             self._resume_quietly(node)
@@ -288,7 +302,7 @@ class Cluster:
             time.sleep(0.02)
         for pid in self.live_children():  # a child that outlived its daemon: the worst case, journaled
             with contextlib.suppress(OSError, TypeError):
-                os.killpg(group_of(pid), signal.SIGKILL)  # type: ignore[arg-type]
+                os.killpg(group_of(pid, self.starttime_of(pid)), signal.SIGKILL)  # type: ignore[arg-type]
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and self.live_children():
             time.sleep(0.02)
@@ -357,10 +371,16 @@ class Cluster:
                     elif record["kind"] == "end":
                         self.ended.add(int(record["pid"]))
             for pid in list(self.starts):
-                if pid not in self.gone and not alive(pid):
+                if pid not in self.gone and not alive(pid, self.starttime_of(pid)):
                     # Taken after the check: the process was dead by then, so this bounds its end late.
                     self.journal.append("gone", pid=pid, t=time.monotonic())
                     self.gone.add(pid)
+
+    def starttime_of(self, pid: int) -> int | None:
+        """The start time a child's start record gave (see child.py), if any."""
+        record = self.starts.get(pid)
+        value = None if record is None else record.get("starttime")
+        return None if value is None else int(value)
 
     def live_children(self) -> list[int]:
         self._scan()

@@ -38,7 +38,10 @@ async def contenders(redis_url: str, *identities: str) -> AsyncIterator[list[ele
     """Real candidates of lock "jobs" that lead whenever they can (and honour handoffs)."""
     async with contextlib.AsyncExitStack() as stack:
         electors = [
-            await stack.enter_async_context(elector.Elector("jobs", redis=redis_url, identity=i, ttl_s=2.0))
+            # ttl 10 s: handoffs do not wait for it (a release announces itself), and at ttl 2 s a
+            # loaded test process (kopf, kmock and both candidates on one loop) once lost the lease
+            # between two handoffs: the holder then changed without one.
+            await stack.enter_async_context(elector.Elector("jobs", redis=redis_url, identity=i, ttl_s=10.0))
             for i in identities
         ]
         tasks = []
