@@ -161,9 +161,11 @@ class Run:
                 if entry.get("event") == "all_acquired":
                     return entry
             if self.proc.poll() is not None:
-                raise BenchError(
-                    f"the daemon exited with {self.proc.returncode}:\n{self.log.read_text()[-2000:]}"
-                )
+                log = self.log.read_text(errors="replace")
+                # The log's last line first: the table shows a failure's first line only, and a
+                # refusal (e.g. the daemon's lock limit) says what it was there.
+                last = next((line.strip() for line in reversed(log.splitlines()) if line.strip()), "")
+                raise BenchError(f"the daemon exited with {self.proc.returncode}: {last}\n{log[-2000:]}")
             return None
 
         try:
