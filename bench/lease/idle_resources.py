@@ -45,7 +45,7 @@ WHY_RSS = (
 WHY_CPU = (
     "an idle daemon's CPU is its renewals (one every 3 s at ttl 10 s) or its follower's looks, "
     "plus the Python runtime's own wake-ups; it varies from run to run on this shared machine (the "
-    "same daemons measured 0.27-0.30 % in one full run of 2026-11-27 and 0.30-0.37 % in the next), "
+    "same daemons measured 0.27-0.35 % in one full run of 2026-11-27 and 0.30-0.37 % in the next), "
     "so the target is held without a margin; not profiled further"
 )
 WHY_EXEC_TREE_PSS = (
