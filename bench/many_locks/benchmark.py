@@ -102,6 +102,10 @@ _PER_RENEWAL = (
     "round-robin every 5 s) ~23 %, redis-py's send and parse ~12 %, the event loop's polling ~12 %; "
     "a tenth of a core at 10,000 locks needs ~30 us: outcomes and status per round, not per lease"
 )
+_PER_LOCK_MEMORY = (
+    "per lock: an Election with its asyncio task and timers, its pub/sub subscription queue, a "
+    "status snapshot and its log context (see the slope); not broken down by allocation"
+)
 WHY_MISSED: dict[tuple[int, str], str] = {
     (1000, "CPU"): _PER_RENEWAL,
     (10_000, "CPU"): _PER_RENEWAL,
@@ -113,14 +117,8 @@ WHY_MISSED: dict[tuple[int, str], str] = {
         "not these; 8 % needs a renewal that skips the registry and meta while they are fresh "
         "(a protocol change, not made)"
     ),
-    (1000, "PSS of the process tree"): (
-        "per lock: an Election with its asyncio task and timers, its pub/sub subscription queue, a "
-        "status snapshot and its log context (see the slope); not broken down by allocation"
-    ),
-    (10_000, "PSS of the process tree"): (
-        "per lock: an Election with its asyncio task and timers, its pub/sub subscription queue, a "
-        "status snapshot and its log context (see the slope); not broken down by allocation"
-    ),
+    (1000, "PSS of the process tree"): _PER_LOCK_MEMORY,
+    (10_000, "PSS of the process tree"): _PER_LOCK_MEMORY,
     (10_000, "start-up to all acquired"): (
         "by design the first tries are spread over one ttl (10 s at 10,000 locks, so that renewals "
         "never fall due together) with at most 32 first cycles in flight; each start (subscribe, "

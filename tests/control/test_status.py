@@ -30,6 +30,7 @@ from elector.cli.main import cli
 from elector.lease import AcquireResult, Granted, Lease, QuietPeriod
 from elector.testing.redis_server import free_tcp_port
 from tests.support.seed import seed_used_lock
+from tests.support.waiting import wait_until
 
 T = TypeVar("T")
 
@@ -157,9 +158,7 @@ def test_expired_lease_is_free_and_keeps_the_last_token(redis_url: str, plain: r
     # then wait for Redis itself to have expired the key rather than guessing how long that takes.
     lease = grant(redis_url, plain, "short", "pod-a", ttl_ms=3000)
     assert status_json(redis_url, "short")["holder"] == "pod-a"
-    deadline = time.monotonic() + 30
-    while plain.exists("elector:{short}:lease") and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: not plain.exists("elector:{short}:lease"), timeout_s=30, every_s=0.05)
     document = status_json(redis_url, "short")
     assert (document["held"], document["holder"], document["remaining_ms"]) == (False, None, None)
     assert document["last_fencing_token"] == lease.fencing_token

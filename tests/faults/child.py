@@ -58,6 +58,8 @@ def main() -> None:
     # The start time (clock ticks since boot, /proc/self/stat field 22) names this process for
     # good: the harness signals a pid only while it still has it, never a process that got the
     # pid after this one ended (pid_max can be 32768; a loaded suite recycles pids in minutes).
+    # Read here rather than with proctree.read_proc: that module imports asyncio, and this record
+    # is written before any import that could delay it.
     with open("/proc/self/stat") as stat:
         starttime = int(stat.read().rsplit(")", 1)[1].split()[19])
     base = {"identity": identity, "pid": os.getpid(), "token": token, "starttime": starttime}

@@ -165,9 +165,8 @@ def pause_leader(cluster: Cluster, *, seconds: float, child_first: bool = False)
     kind = "pause_long" if seconds > cluster.ttl_s else "pause_short"
     injected = _record(cluster, kind, excuse_ttls=1.0 if kind == "pause_long" else 0.0, node=node,
                        child_pid=child)  # fmt: skip
-    group = group_of(
-        child, cluster.starttime_of(child)
-    )  # the keeper's group: a frozen pod freezes the keeper too
+    # The keeper's group: a frozen pod freezes the keeper too.
+    group = group_of(child, cluster.starttime_of(child))
     os.kill(node.pid, signal.SIGSTOP)
     with contextlib.suppress(ProcessLookupError, TypeError):
         os.killpg(group, signal.SIGSTOP)  # type: ignore[arg-type]

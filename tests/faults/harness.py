@@ -28,6 +28,7 @@ from typing import Any, Self, TypeVar
 
 import redis
 
+from elector.daemon.execmode.proctree import Proc, all_procs, read_proc
 from elector.daemon.testing_hooks import BLOCK_LOOP_ENV
 from elector.testing.redis_server import RedisServerProcess
 from tests.support.daemon import DaemonProcess
@@ -43,16 +44,13 @@ RESOURCE_KEY = "{jobs}:resource"
 T = TypeVar("T")
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """/proc/PID/stat's fields after the command name (index 0: state, 2: pgrp, 19: starttime)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+def _process(pid: int, starttime: int | None) -> Proc | None:
+    """The process `pid` names now, if any; with `starttime`, only while it is still the process
+    that started then (pid_max can be 32768: a loaded suite recycles pids in minutes)."""
+    proc = read_proc(pid)
+    if proc is None or (starttime is not None and proc.start_ticks != starttime):
         return None
-
-
-def _same_process(fields: list[str], starttime: int | None) -> bool:
-    return starttime is None or (len(fields) > 19 and int(fields[19]) == starttime)
+    return proc
 
 
 def group_of(pid: int, starttime: int | None = None) -> int | None:
@@ -61,30 +59,21 @@ def group_of(pid: int, starttime: int | None = None) -> int | None:
     With `starttime` (the child's start record has it), None once the pid belongs to another
     process: a worker of the suite once got a dead child's pid under `make test-loaded`, and the
     kill meant for the child's keeper group ended that worker."""
-    fields = _stat_fields(pid)
-    if fields is None or not _same_process(fields, starttime):
-        return None
-    return int(fields[2])
+    proc = _process(pid, starttime)
+    return None if proc is None else proc.pgid
 
 
 def session_members(session: int) -> list[int]:
     """Live processes of a command's session (keeper, command, its descendants): orphans, once the
     lease they ran under is over."""
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[3]) == session and fields[0] not in ("Z", "X"):
-                    found.append(int(name))
-    return found
+    return [proc.pid for proc in all_procs(session=session) if proc.alive]
 
 
 def alive(pid: int, starttime: int | None = None) -> bool:
     """Still able to run: exists and is not a zombie (a zombie has exited, it only awaits its
     reaper), and (with `starttime`) is still the process that started then, not a later one."""
-    fields = _stat_fields(pid)
-    return fields is not None and _same_process(fields, starttime) and fields[0] != "Z"
+    proc = _process(pid, starttime)
+    return proc is not None and proc.alive
 
 
 class Journal:
