@@ -25,16 +25,18 @@ async def test_the_watch_follows_the_leader_through_a_handover_without_contendin
     raw = redis.asyncio.Redis.from_url(redis_url)
     await seed_used_lock_async(raw, LOCK)
     seen: list[Leader] = []
-    async with elector.watch(LOCK, redis=redis_url, ttl_s=1.0) as watch:
+    # ttl 3 s, not 1 s: a must lead until it closes; at 1 s one slow renewal on a loaded machine
+    # can end its term early and show the watch a third term. Every change here is a release.
+    async with elector.watch(LOCK, redis=redis_url, ttl_s=3.0) as watch:
         follower = asyncio.create_task(collect(watch, seen))
         try:
             await until(lambda: seen == [Leader(None, None)])
-            async with Elector(LOCK, redis=redis_url, identity="a", ttl_s=1.0) as a:
+            async with Elector(LOCK, redis=redis_url, identity="a", ttl_s=3.0) as a:
                 term = await a.wait_for_leadership(timeout=5)
                 await until(lambda: seen[-1] == Leader("a", term.fencing_token))
                 # The watch is no candidate: only a is registered.
                 assert await raw.hkeys(f"elector:{{{LOCK}}}:candidates") == [b"a"]
-                async with Elector(LOCK, redis=redis_url, identity="b", ttl_s=1.0) as b:
+                async with Elector(LOCK, redis=redis_url, identity="b", ttl_s=3.0) as b:
                     await asyncio.sleep(0.2)
                     await a.aclose()  # released: b takes over on the announcement
                     second = await b.wait_for_leadership(timeout=5)
