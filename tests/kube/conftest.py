@@ -105,7 +105,12 @@ async def start_operator(
         settings = OperatorSettings(
             redis=RedisSettings(url=redis_url or redis_server.url),
             identity=identity,
-            ttl_s=3.0,
+            # 30 s, not 3 s: the singleton's stop budget is 0.9 of stop_work_s, a tenth of the
+            # ttl. At 3 s that is 0.27 s, which kopf's stop missed at load 10-12 (`make
+            # test-loaded`): on_stuck="exit" then ended the process, the test's pytest worker
+            # ("node down: Not properly terminated"). No test here waits for this lease to lapse:
+            # a closed operator releases it.
+            ttl_s=30.0,
             namespaces=(NAMESPACE,),
             http=HttpSettings(host="127.0.0.1", port=0),
             watch=WatchSettings(poll_s=0.2, pod_resync_s=0.5, redis_timeout_s=0.5, max_backoff_s=0.5),
