@@ -318,7 +318,14 @@ async def test_racing_contenders_never_both_granted(cluster_of: Callable[[int], 
             await asyncio.sleep(TTL_MS / 1000 + 0.2)
         else:
             clean_rounds += 1
-            assert await servers.values() == [None] * 5
+            # Released everywhere at once, as a rule; but a loser's roll-back or a release that
+            # one server did not answer in time (at load 10-12, `make test-loaded`) leaves that
+            # server's value to lapse with its ttl, which is all Redlock promises: nothing
+            # outlives its ttl.
+            deadline = time.monotonic() + TTL_MS / 1000 + 1.0
+            while (values := await servers.values()) != [None] * 5:
+                assert time.monotonic() < deadline, values
+                await asyncio.sleep(0.05)
     assert clean_rounds > 0, "no round was answered in time"
 
 
