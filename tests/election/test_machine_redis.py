@@ -198,9 +198,15 @@ async def test_a_leader_cut_from_redis_steps_down_before_its_lease_expires(
         (o for o in leader.outcomes if o.kind in (OutcomeKind.ACQUIRED, OutcomeKind.RENEWED)),
         key=lambda o: o.at,
     )
+    # And the acquisition is recorded when its own reply arrives, one more round trip after the
+    # wake-up (loaded run #5 missed the bound by 0.14 s without it).
     observed_rtt = max((o.duration_s or 0.0 for o in follower.outcomes if o.at < acquired.at), default=0.0)
-    measured = lateness.worst_s + (last_renewal.duration_s or 0.0) + observed_rtt
-    assert acquired.at <= last_ok + timing.ttl_s + 0.1 + measured, (lateness, last_renewal, observed_rtt)
+    measured = (
+        lateness.worst_s + (last_renewal.duration_s or 0.0) + observed_rtt + (acquired.duration_s or 0.0)
+    )
+    assert acquired.at <= last_ok + timing.ttl_s + 0.1 + measured, (
+        lateness, last_renewal, observed_rtt, acquired
+    )  # fmt: skip
 
 
 async def test_redis_restarted_without_data_never_gives_two_leaders(
