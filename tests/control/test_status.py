@@ -264,7 +264,9 @@ def test_status_subprocess_unreachable_exits_1_without_the_password(silent_port:
     completed = subprocess.run(
         [*command, "--timeout", "500ms"], capture_output=True, text=True, timeout=30, env=env, check=False
     )
-    assert time.monotonic() - started < 5
+    # A bound on a hang only: at load 12 (`make test-loaded`) the interpreter's start and imports
+    # alone took over 5 s. That --timeout bounds the wait is timed in-process, above.
+    assert time.monotonic() - started < 25
     assert completed.returncode == 1
     assert completed.stdout == ""
     assert completed.stderr.startswith("error: redis://admin:***@127.0.0.1:")
