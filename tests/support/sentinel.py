@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Self
 
@@ -237,6 +238,21 @@ class SentinelSet(StartStop):
                 time.sleep(0.05)
         finally:
             self._set_info_period(10_000)  # Sentinel's own period again
+
+    @contextlib.contextmanager
+    def slow_info(self, *, period_ms: int) -> Iterator[None]:
+        """Sentinels ask each node's INFO every `period_ms` (10 s by their default) meanwhile.
+
+        After a planned failover the old master is demoted only once a sentinel has read its INFO
+        (its role still "master"): a longer period keeps that window open longer. The failover
+        itself is not slowed: during one, sentinels poll the replicas every second whatever this
+        says."""
+        self._set_info_period(period_ms)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(redis.RedisError, OSError):
+                self._set_info_period(10_000)
 
     def _set_info_period(self, ms: int) -> None:
         for sentinel in self.sentinels:

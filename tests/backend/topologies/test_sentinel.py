@@ -118,9 +118,13 @@ def _watch_overlap(a: DaemonProcess, b: DaemonProcess, *, seconds: float) -> tup
 
 
 #: Tries of the planned-failover scenario before it fails for never having met its hazard (the old
-#: master still a master while pod-b connects): under `make test-loaded` pod-b's start alone could
-#: take longer than the ~10 s Sentinel leaves the old master writable.
+#: master still a master while pod-b connects).
 FAILOVER_TRIES = 3
+#: How often the sentinels read each node's INFO during a try: the old master stays writable until
+#: one of them has read its role after the failover (~10 s at Sentinel's default period). Under
+#: `make test-loaded` pod-b's start alone took 11-13.6 s (loaded run #5): three tries in a row
+#: missed the window. 30 s keeps it open past such a start.
+HAZARD_INFO_PERIOD_MS = 30_000
 
 
 @pytest.mark.timeout(360)
@@ -164,14 +168,17 @@ def _planned_failover_try(
         old = deployment.master_address()
         time.sleep(0.3)
         failed_over_at = time.monotonic()
-        new = deployment.failover()
-        b.start().wait_http()  # fresh connections: the sentinels now name the new master
-        b_started_s = time.monotonic() - failed_over_at
-        time.sleep(1.5)
-        with redis.Redis(port=old[1]) as old_master, redis.Redis(port=new[1]) as new_master:
-            old_role = old_master.info("replication")["role"]
-            stranded = a.is_leader() and old_master.pttl(lease_key) > 0 and new_master.exists(lease_key) == 0
-        both_s, b_led_at = _watch_overlap(a, b, seconds=4.0)
+        with deployment.slow_info(period_ms=HAZARD_INFO_PERIOD_MS):
+            new = deployment.failover()
+            b.start().wait_http()  # fresh connections: the sentinels now name the new master
+            b_started_s = time.monotonic() - failed_over_at
+            time.sleep(1.5)
+            with redis.Redis(port=old[1]) as old_master, redis.Redis(port=new[1]) as new_master:
+                old_role = old_master.info("replication")["role"]
+                stranded = (
+                    a.is_leader() and old_master.pttl(lease_key) > 0 and new_master.exists(lease_key) == 0
+                )
+            both_s, b_led_at = _watch_overlap(a, b, seconds=4.0)
         first_b = None if b_led_at is None else round(b_led_at - failed_over_at, 2)
         print(
             f"\nplanned failover, min-replicas-ack {min_replicas_ack}: pod-b up {b_started_s:.2f}s after "
