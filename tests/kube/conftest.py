@@ -24,6 +24,8 @@ on `kmock` is torn down before it (see `children` in test_singleton.py).
 from __future__ import annotations
 
 import asyncio
+import logging
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -88,6 +90,19 @@ async def cluster(kmock: kmock_lib.KubernetesEmulator) -> AsyncIterator[Cluster]
     )
     async with aiohttp.ClientSession() as session:
         yield Cluster(mock=kmock, session=session)
+
+
+@pytest.fixture(autouse=True)
+def say_why_a_worker_ends() -> Iterator[None]:
+    """The singleton's on_stuck="exit" ends the process with os._exit: here, the pytest worker,
+    and pytest's captured logs go with it ("node down: Not properly terminated" is all a loaded
+    run showed, twice). Its CRITICAL line also goes to the worker's own stderr, which outlives it."""
+    handler = logging.StreamHandler(sys.__stderr__)
+    handler.setLevel(logging.CRITICAL)
+    logger = logging.getLogger("elector.kube")
+    logger.addHandler(handler)
+    yield
+    logger.removeHandler(handler)
 
 
 @pytest.fixture
