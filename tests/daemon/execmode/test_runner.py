@@ -466,10 +466,15 @@ def test_a_command_that_survives_sigkill_is_not_released_but_left_to_lapse(
             (cgroup / "cgroup.procs").write_text(str(pid))
         (cgroup / "freezer.state").write_text("FROZEN")
 
+        lapses_after = time.monotonic() + seeded.pttl(LEASE_KEY) / 1000  # at the earliest
         a.signal(signal.SIGTERM)
         a.wait(timeout_s=10)
 
-        assert seeded.pttl(LEASE_KEY) > 0, "not released: the lease is left to lapse by its ttl"
+        # Not released: the key is still there, unless the daemon's stop outlasted the lease
+        # itself (loaded run #6: at load 12 it had lapsed by the time the daemon exited). The
+        # logs below say it was withheld either way.
+        if time.monotonic() < lapses_after - 0.05:
+            assert seeded.pttl(LEASE_KEY) > 0, "not released: the lease is left to lapse by its ttl"
         events = [line.get("event") for line in a.log_lines()]
         assert "release_withheld" in events and "released" not in events, events
         assert [line for line in a.log_lines() if line.get("event") == "child_tree_survived_kill"]
