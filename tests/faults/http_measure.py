@@ -24,7 +24,9 @@ the daemon's own ElectionTiming), 0 leases lost, 0 step-downs, >= 95% of probes 
 cost meanwhile (tests/support/lateness.py: how late a 10 ms timer of this process woke, at worst),
 twice: a renewal is a timer's wake-up and then its reply's, a probe a connect and then an answer.
 The HTTP thread's own interference is not in that figure (it is measured from another process),
-so a gap that HTTP caused still breaks the bound; a loaded CI machine alone does not.
+so a gap that HTTP caused still breaks the bound; a loaded CI machine alone does not. A lost term
+is the attack's unless the daemons it did not touch timed out on Redis in the same window and
+the gaps stayed within that bound (`Figures.load_explains_loss`: the machine ended it).
 """
 
 from __future__ import annotations

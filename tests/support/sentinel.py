@@ -41,6 +41,8 @@ from tests.support.lifecycle import StartStop
 
 HOST = "127.0.0.1"
 STOP_TIMEOUT_S = 3.0
+#: How often Sentinel reads each node's INFO by default (its SENTINEL_INFO_PERIOD).
+SENTINEL_INFO_PERIOD_MS = 10_000
 
 
 class SentinelSetError(RuntimeError):
@@ -229,30 +231,28 @@ class SentinelSet(StartStop):
         def known() -> bool:
             return all(self._replica_priority(s, server.port) == priority for s in self.sentinels)
 
-        self._set_info_period(100)
-        try:
+        with self.info_period(period_ms=100):
             deadline = time.monotonic() + timeout_s
             while not known():
                 if time.monotonic() > deadline:
                     raise SentinelSetError(f"the sentinels did not learn the priority of {server.port}")
                 time.sleep(0.05)
-        finally:
-            self._set_info_period(10_000)  # Sentinel's own period again
 
     @contextlib.contextmanager
-    def slow_info(self, *, period_ms: int) -> Iterator[None]:
-        """Sentinels ask each node's INFO every `period_ms` (10 s by their default) meanwhile.
+    def info_period(self, *, period_ms: int) -> Iterator[None]:
+        """Sentinels ask each node's INFO every `period_ms` meanwhile, then every
+        SENTINEL_INFO_PERIOD_MS (their own default) again.
 
-        After a planned failover the old master is demoted only once a sentinel has read its INFO
-        (its role still "master"): a longer period keeps that window open longer. The failover
-        itself is not slowed: during one, sentinels poll the replicas every second whatever this
-        says."""
+        Shorter: they learn a node's settings sooner. Longer: after a planned failover the old
+        master is demoted only once a sentinel has read its INFO (its role still "master"), so the
+        window stays open longer. A failover itself is not slowed: during one, sentinels poll the
+        replicas every second whatever this says."""
         self._set_info_period(period_ms)
         try:
             yield
         finally:
             with contextlib.suppress(redis.RedisError, OSError):
-                self._set_info_period(10_000)
+                self._set_info_period(SENTINEL_INFO_PERIOD_MS)
 
     def _set_info_period(self, ms: int) -> None:
         for sentinel in self.sentinels:

@@ -168,7 +168,7 @@ def _planned_failover_try(
         old = deployment.master_address()
         time.sleep(0.3)
         failed_over_at = time.monotonic()
-        with deployment.slow_info(period_ms=HAZARD_INFO_PERIOD_MS):
+        with deployment.info_period(period_ms=HAZARD_INFO_PERIOD_MS):
             new = deployment.failover()
             b.start().wait_http()  # fresh connections: the sentinels now name the new master
             b_started_s = time.monotonic() - failed_over_at
