@@ -182,10 +182,10 @@ async def test_after_a_counter_loss_tokens_exceed_every_token_the_contender_saw(
     await seed_used_lock_async(raw, counter=now_ms + 10**9)
     a = RedisLeaseBackend(clients(redis_url), lock="jobs")
     b = RedisLeaseBackend(clients(redis_url), lock="jobs")
-    lease_a, _ = await acquire_until_granted(a, "a", ttl_ms=500)
-    assert isinstance(await b.acquire("b", ttl_ms=500), Held)  # b sees a's token
+    lease_a, _ = await acquire_until_granted(a, "a", ttl_ms=2000)
+    assert isinstance(await b.acquire("b", ttl_ms=2000), Held)  # b sees a's token
     await raw.flushall()
-    lease_b, _ = await acquire_until_granted(b, "b", ttl_ms=500)
+    lease_b, _ = await acquire_until_granted(b, "b", ttl_ms=2000)
     assert lease_b.fencing_token > lease_a.fencing_token
 
 
@@ -330,17 +330,17 @@ class PreviousRelease:
 async def test_the_previous_release_and_this_one_grant_to_each_other_without_extra_quiet_periods(
     redis_url: str, raw: redis.asyncio.Redis, clients: Callable[[str], redis.asyncio.Redis]
 ) -> None:
-    old = PreviousRelease(raw, "old", ttl_ms=1000)
+    old = PreviousRelease(raw, "old", ttl_ms=2000)
     new = RedisLeaseBackend(clients(redis_url), lock="jobs")
     # A new lock: the new code starts the quiet period, and the old one does not start another.
-    first = await new.acquire("new", ttl_ms=1000)
+    first = await new.acquire("new", ttl_ms=2000)
     assert isinstance(first, QuietPeriod)
     assert await old.acquire_after_quiet_period() == 1  # granted at its first attempt after it
-    held = await new.acquire("new", ttl_ms=1000)
+    held = await new.acquire("new", ttl_ms=2000)
     assert isinstance(held, Held) and held.holder is not None and held.holder.identity == "old"
     assert await old.renew() == 1
     assert await old.release() == 1
-    granted = await new.acquire("new", ttl_ms=1000)  # no quiet period: the old grant was normal
+    granted = await new.acquire("new", ttl_ms=2000)  # no quiet period: the old grant was normal
     assert isinstance(granted, Granted)
     assert granted.lease.fencing_token > json.loads(old.value)["fencing_token"]
     code, value, _ = await old.acquire()  # the old code reads the new value as held ...
@@ -349,17 +349,17 @@ async def test_the_previous_release_and_this_one_grant_to_each_other_without_ext
     code, token, _ = await old.acquire()  # ... and is granted once it is released
     assert code == 1 and int(token) > granted.lease.fencing_token
     assert await old.release() == 1
-    assert isinstance(await new.acquire("new", ttl_ms=1000), Granted)
+    assert isinstance(await new.acquire("new", ttl_ms=2000), Granted)
 
 
 async def test_on_a_lock_the_previous_release_started_the_new_code_adds_no_quiet_period(
     redis_url: str, raw: redis.asyncio.Redis, clients: Callable[[str], redis.asyncio.Redis]
 ) -> None:
-    old = PreviousRelease(raw, "old", ttl_ms=500)
+    old = PreviousRelease(raw, "old", ttl_ms=2000)
     assert await old.acquire_after_quiet_period() == 1  # the old code's new-lock quiet period
     assert await old.release() == 1
     new = RedisLeaseBackend(clients(redis_url), lock="jobs")
-    assert isinstance(await new.acquire("new", ttl_ms=500), Granted)
+    assert isinstance(await new.acquire("new", ttl_ms=2000), Granted)
     assert await raw.hget(KEYS.meta, "protocol") == str(protocol.PROTOCOL).encode()
 
 
@@ -367,24 +367,28 @@ async def test_a_quiet_period_the_previous_release_started_is_stretched_to_the_l
     redis_url: str, raw: redis.asyncio.Redis, clients: Callable[[str], redis.asyncio.Redis]
 ) -> None:
     """The previous release noticed an empty restart first and started a quiet period of its own
-    ttl (0.5 s); a contender that saw a 2 s lease stretches it (the quiet key's value is its start
+    ttl (2 s); a contender that saw a 6 s lease stretches it (the quiet key's value is its start
     in both protocols). Once a quiet period was served, nothing starts another: a handoff right
-    after it must not be stalled (tests/faults/test_mixed_fleet.py)."""
+    after it must not be stalled (tests/faults/test_mixed_fleet.py).
+
+    The old code's ttl is 2 s, not 0.5 s: its grant must outlive the round trip to its release,
+    which took longer than 0.5 s at a load average of 10 (`make test-loaded`)."""
     await seed_used_lock_async(raw)
     holder = RedisLeaseBackend(clients(redis_url), lock="jobs")
     follower = RedisLeaseBackend(clients(redis_url), lock="jobs")
-    lease, _ = await acquire_until_granted(holder, "a", ttl_ms=2000)
-    assert isinstance(await follower.acquire("b", ttl_ms=500), Held)  # saw the 2 s ttl
+    lease, _ = await acquire_until_granted(holder, "a", ttl_ms=6000)
+    assert isinstance(await follower.acquire("b", ttl_ms=2000), Held)  # saw the 6 s ttl
     believed_from = await renew(holder, lease)
     await raw.flushall()
-    old = PreviousRelease(raw, "old", ttl_ms=500)
-    assert (await old.acquire())[0] == 2  # the old code's quiet period: 0.5 s
-    quiet = await follower.acquire("b", ttl_ms=500)
-    assert isinstance(quiet, QuietPeriod) and quiet.remaining_ms > 1000
+    old = PreviousRelease(raw, "old", ttl_ms=2000)
+    assert (await old.acquire())[0] == 2  # the old code's quiet period: 2 s
+    quiet = await follower.acquire("b", ttl_ms=2000)
+    # Stretched: more left of it than the old code's own 2 s (6 s less the time since it began).
+    assert isinstance(quiet, QuietPeriod) and quiet.remaining_ms > 3000, quiet
     assert await old.acquire_after_quiet_period() == 1  # the stretched quiet holds the old code too
-    assert old.last_sent >= believed_from + 2.0
+    assert old.last_sent >= believed_from + 6.0
     assert await old.release() == 1
-    assert isinstance(await follower.acquire("b", ttl_ms=500), Granted)  # no second quiet period
+    assert isinstance(await follower.acquire("b", ttl_ms=2000), Granted)  # no second quiet period
 
 
 async def test_after_a_failover_the_quiet_period_the_previous_release_served_is_not_repeated(
@@ -403,7 +407,7 @@ async def test_after_a_failover_the_quiet_period_the_previous_release_served_is_
             # R2 attached first: a master's first replica gives it a new replid (its backlog's).
             await r2_raw.replicaof("127.0.0.1", redis_server.port)
             await wait_replica_synced(r2_raw)
-            lease, _ = await acquire_until_granted(new_on_r1, "new", ttl_ms=500)  # records R1's replid
+            lease, _ = await acquire_until_granted(new_on_r1, "new", ttl_ms=2000)  # records R1's replid
             assert await new_on_r1.release(lease)
             replid = await r1_raw.hget(KEYS.meta, "replid")
             for _ in range(200):
@@ -411,13 +415,13 @@ async def test_after_a_failover_the_quiet_period_the_previous_release_served_is_
                     break
                 await asyncio.sleep(0.02)
             await r2_raw.replicaof("NO", "ONE")  # the failover
-            old = PreviousRelease(r2_raw, "old", ttl_ms=500)
+            old = PreviousRelease(r2_raw, "old", ttl_ms=2000)
             first = await old.acquire()
             assert first[0] == 2  # the run_id changed: the old code serves the quiet period
             assert await old.acquire_after_quiet_period() == 1
             assert await old.release() == 1
             new_on_r2 = RedisLeaseBackend(clients(r2.url), lock="jobs")
-            assert isinstance(await new_on_r2.acquire("new", ttl_ms=500), Granted)
+            assert isinstance(await new_on_r2.acquire("new", ttl_ms=2000), Granted)
         finally:
             await r2_raw.aclose()
     await r1_raw.aclose()
