@@ -24,10 +24,8 @@ on `kmock` is torn down before it (see `children` in test_singleton.py).
 from __future__ import annotations
 
 import asyncio
-import logging
-import sys
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import aiohttp
 import kmock as kmock_lib
@@ -39,6 +37,7 @@ from prometheus_client import CollectorRegistry
 
 from elector.backend import RedisSettings
 from elector.daemon.http import HttpSettings
+from elector.kube import singleton as singleton_module
 from elector.kube.operator.runner import OperatorSettings, run_operator
 from elector.kube.operator.watcher import WatchSettings
 from elector.testing.redis_server import RedisServerProcess
@@ -92,17 +91,25 @@ async def cluster(kmock: kmock_lib.KubernetesEmulator) -> AsyncIterator[Cluster]
         yield Cluster(mock=kmock, session=session)
 
 
+class KopfWouldHaveEndedTheWorker(AssertionError):
+    """kopf did not stop within the singleton's budget, in a test running it in-process."""
+
+
 @pytest.fixture(autouse=True)
-def say_why_a_worker_ends() -> Iterator[None]:
-    """The singleton's on_stuck="exit" ends the process with os._exit: here, the pytest worker,
-    and pytest's captured logs go with it ("node down: Not properly terminated" is all a loaded
-    run showed, twice). Its CRITICAL line also goes to the worker's own stderr, which outlives it."""
-    handler = logging.StreamHandler(sys.__stderr__)
-    handler.setLevel(logging.CRITICAL)
-    logger = logging.getLogger("elector.kube")
-    logger.addHandler(handler)
-    yield
-    logger.removeHandler(handler)
+def kopf_stuck_fails_the_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The singleton's on_stuck="exit" ends the process with os._exit, which in-process is the
+    pytest worker: its captured logs and every test after it on that worker went with it ("node
+    down: Not properly terminated" was all two loaded runs showed). Here the same decision raises
+    instead, so the test fails with its logs and the worker lives. What os._exit itself does is
+    tested in a child process (test_singleton.py, the stuck-handler test)."""
+
+    def fail_instead(elector: Any, *, budget_s: float) -> NoReturn:
+        raise KopfWouldHaveEndedTheWorker(
+            f"kopf of lock {elector.lock!r} did not stop within {budget_s:.3f}s: on_stuck='exit' "
+            "would have ended this process (the pytest worker)"
+        )
+
+    monkeypatch.setattr(singleton_module, "_exit_stuck", fail_instead)
 
 
 @pytest.fixture
