@@ -155,7 +155,7 @@ def test_the_shutdown_step_down_is_scraped_while_the_daemon_lingers(daemon, seed
     a.signal(signal.SIGTERM)  # a second signal ends it at once; the lease was released: exit 0
     # Gone well inside the 30 s linger it would otherwise serve: a bound set by that alternative,
     # not by how fast a loaded machine winds a process down (a fixed 2 s was such a guess).
-    assert a.wait(timeout_s=15) == 0
+    assert a.wait() == 0
 
 
 def test_a_shutdown_linger_out_of_range_is_refused(daemon, seeded, redis_url: str) -> None:
@@ -200,7 +200,7 @@ def test_a_second_signal_exits_at_once_without_waiting_for_the_release(
             a.signal(signal.SIGTERM)
             time.sleep(0.1)
             a.signal(signal.SIGTERM)
-            assert a.wait(timeout_s=20) == 1
+            assert a.wait() == 1
             exited_s = time.monotonic() - started
         # Each wake-up of the exit may also be late by as much as this process was measured to be.
         assert exited_s < 4.0 + 2 * lateness.worst_s, (exited_s, lateness)
@@ -235,7 +235,7 @@ def test_exit_on_loss_exits_with_code_3(daemon, seeded) -> None:
     a = daemon("a", "--exit-on-loss")
     wait_until(a.is_leader, timeout_s=START_S)
     seeded.delete("elector:{jobs}:lease")
-    assert a.wait(timeout_s=3) == 3
+    assert a.wait() == 3
     lines = a.log_lines()
     stepped = next(line for line in lines if line["event"] == "stepped_down")
     assert stepped["reason"] == "lost"

@@ -48,7 +48,7 @@ def _handover(group: list[DaemonProcess]) -> tuple[int, int]:
     assert first_view is not None
     first_token = int(first_view["fencing_token"])
     first.signal(signal.SIGTERM)
-    assert first.wait(timeout_s=10) == 0, first.logs_text()
+    assert first.wait() == 0, first.logs_text()
     rest = [d for d in group if d is not first]
     wait_until(lambda: len(_leaders(rest)) == 1, timeout_s=10)
     second_view = _leaders(rest)[0].leader()

@@ -123,7 +123,7 @@ def test_sigterm_drains_the_command_releases_and_the_next_command_gets_a_higher_
     b = daemon("b")
     a_pids = pids(work, "a")
     a.signal(signal.SIGTERM)
-    assert a.wait(timeout_s=5) == 0
+    assert a.wait() == 0
     assert not any(alive(pid) for pid in a_pids)  # gone before the daemon exited
     wait_until(lambda: len(pids(work, "b")) == 2, timeout_s=2)
     first, second = journal(work)
@@ -158,7 +158,7 @@ def test_a_follower_keeps_a_keeper_parked_and_the_takeover_runs_the_command_unde
     assert parked_keepers(a.process.pid) == [], "the leader's keeper runs the command: none is parked"
 
     a.signal(signal.SIGTERM)
-    assert a.wait(timeout_s=5) == 0
+    assert a.wait() == 0
 
     wait_until(lambda: len(pids(work, "b")) == 2, timeout_s=3)
     command = pids(work, "b")[0]
@@ -166,7 +166,7 @@ def test_a_follower_keeps_a_keeper_parked_and_the_takeover_runs_the_command_unde
     first, second = journal(work)
     assert second[1] == "b" and int(second[2]) > int(first[2]), "with the new term's token"
     b.signal(signal.SIGTERM)
-    assert b.wait(timeout_s=5) == 0
+    assert b.wait() == 0
     assert not alive(command)
     # The daemon waited for its keeper's exit after the release, within a bound (see settle()).
     wait_until(lambda: not alive(parked[0]), timeout_s=10)
@@ -190,7 +190,7 @@ def test_once_its_lease_is_released_the_daemon_steps_back_on_the_cpu(daemon, see
     assert a.logged_at("released") is not None
     assert nice_of(a.process.pid) == min(19, leading_nice + SHUTDOWN_NICE_INCREMENT)
     a.signal(signal.SIGTERM)
-    assert a.wait(timeout_s=10) == 0
+    assert a.wait() == 0
 
 
 def test_a_followers_parked_keeper_ends_with_the_daemon(daemon, seeded, work) -> None:
@@ -203,7 +203,7 @@ def test_a_followers_parked_keeper_ends_with_the_daemon(daemon, seeded, work) ->
 
     b.signal(signal.SIGTERM)
 
-    assert b.wait(timeout_s=5) == 0
+    assert b.wait() == 0
     assert not alive(parked)
     assert pids(work, "b") == [], "a parked keeper never starts the command by itself"
     assert "keeper_bad_start" not in b.logs_text()
@@ -285,7 +285,7 @@ def test_on_child_exit_restart_restarts_while_still_leading(daemon, seeded, work
 def test_on_child_exit_exit_releases_and_exits_with_the_commands_code(daemon, seeded, work) -> None:
     a = daemon("a", "--on-child-exit", "exit", script="sleep 0.5; exit 7")
     b = daemon("b", "--on-child-exit", "exit", script="exec sleep 1000")
-    assert a.wait(timeout_s=5) == 7
+    assert a.wait() == 7
     # Released, not left to expire: by a's own log, not a 1 s poll deadline a loaded machine can miss.
     assert "released" in [line["event"] for line in a.log_lines()], a.logs_text()[-3000:]
     wait_until(b.is_leader, timeout_s=10)
