@@ -90,6 +90,8 @@ PUBSUB_KEEPALIVE_S = 5.0
 #: Back-off between attempts to (re)subscribe to a sentinel, doubling up to the maximum.
 RESUBSCRIBE_MIN_S = 0.5
 RESUBSCRIBE_MAX_S = 10.0
+#: How long `aclose()` waits for its cancelled tasks before it names the ones left and goes on.
+CLOSE_WAIT_S = 5.0
 
 Address = tuple[str, int]
 
@@ -261,10 +263,20 @@ class SentinelMasterWatcher:
                 )
 
     async def aclose(self) -> None:
+        """Stop polling and listening. Bounded: a task that does not end within `CLOSE_WAIT_S` of
+        its cancellation (a client library that swallowed it) is named in the log, with where it
+        waits, and left behind, so a shutdown never hangs on it."""
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=CLOSE_WAIT_S)
+            for task in pending:
+                where = "; ".join(f"{f.f_code.co_filename}:{f.f_lineno}" for f in task.get_stack(limit=8))
+                logger.error(
+                    "sentinel master watcher: task %s did not end within %.1fs of its cancellation "
+                    "(left behind); it waits at %s", task.get_name(), CLOSE_WAIT_S, where,
+                )  # fmt: skip
         # Without a watcher, new connections ask the sentinels again (a stale answer must not stay).
         self._manager.followed = None
 

@@ -170,9 +170,17 @@ async def test_a_promotion_only_the_failover_leader_knows_of_is_never_followed(
         if candidate.paused:
             candidate.resume()
         listener.close()
-        await watcher.aclose()
-        await client.aclose()
-        await fresh.aclose()
+        # Each close bounded and named: loaded run #7 hung here until pytest's 120 s timeout, with
+        # nothing to say which close it was (the watcher's own close is now bounded and says so).
+        for name, close in (
+            ("watcher", watcher.aclose),
+            ("client", client.aclose),
+            ("discovery", fresh.aclose),
+        ):
+            try:
+                await asyncio.wait_for(close(), timeout=30)
+            except TimeoutError:
+                raise AssertionError(f"the {name}'s aclose() did not return in 30 s") from None
 
 
 def _switch_targets(daemon: DaemonProcess) -> set[Address]:

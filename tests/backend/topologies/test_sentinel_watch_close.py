@@ -1,0 +1,51 @@
+"""The Sentinel master watcher's close is bounded: a task that swallows its cancellation is named
+in the log and left behind, never a shutdown that hangs (a loaded run once hung 120 s in a test's
+teardown, in one of the closes after a failover test)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from elector.backend import RedisSettings, make_client
+from elector.backend.topologies import sentinel_watch
+from elector.backend.topologies.sentinel_watch import SentinelMasterWatcher, watch_master
+
+
+async def test_a_task_that_swallows_its_cancellation_is_named_and_left_behind(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    release = asyncio.Event()
+
+    async def stubborn(self: SentinelMasterWatcher) -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            await release.wait()  # the cancellation swallowed, as a faulty client library might
+
+    monkeypatch.setattr(SentinelMasterWatcher, "_poll_loop", stubborn)
+    monkeypatch.setattr(sentinel_watch, "CLOSE_WAIT_S", 0.3)
+    # Sentinels that are not there (ports 1 and 2 refuse): the listeners retry with a back-off
+    # and end when cancelled.
+    url = "redis+sentinel://127.0.0.1:1,127.0.0.1:2/mymaster"
+    client = make_client(RedisSettings(url=url, request_timeout_s=0.2))
+    watcher = watch_master(client, poll_interval_s=0.05, request_timeout_s=0.2)
+    assert watcher is not None
+    watcher.start()
+    await asyncio.sleep(0.05)
+    try:
+        with caplog.at_level(logging.ERROR, logger=sentinel_watch.__name__):
+            started = time.monotonic()
+            await asyncio.wait_for(watcher.aclose(), timeout=30)  # a hang bound, not a speed
+            took = time.monotonic() - started
+        [record] = [r for r in caplog.records if "did not end" in r.getMessage()]
+        assert "elector:sentinel-watch:mymaster" in record.getMessage()
+        assert "test_sentinel_watch_close.py" in record.getMessage()  # where it waits
+        assert took >= 0.3  # it did wait for the task first
+    finally:
+        release.set()
+        await asyncio.sleep(0)
+        await client.aclose()
