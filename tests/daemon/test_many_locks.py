@@ -38,19 +38,21 @@ def test_one_daemon_holds_a_hundred_locks_with_its_own_series_endpoint_and_file_
         lock=LOCKS[0],
         ttl="3s",
     )
-    wait_until(lambda: leading(a.metrics()) == set(LOCKS), timeout_s=15)
+    # Bounds of a hang, not of speed (bench/ measures that): at load 11 (loaded run #9) the
+    # hundred grants were not all in within 15 s of the daemon's HTTP coming up.
+    wait_until(lambda: leading(a.metrics()) == set(LOCKS), timeout_s=60)
 
     status, body = a.get("/leader?lock=job-057")
     assert status == 200 and json.loads(body)["lock"] == "job-057"
     assert a.get("/leader")[0] == 400  # which lock? the answer must not guess
     assert a.get("/leader?lock=nope")[0] == 404
     assert a.get("/readyz")[0] == 200 and a.get("/healthz")[0] == 200
-    wait_until(lambda: len(list(files.glob("*.json"))) == 100, timeout_s=10)
+    wait_until(lambda: len(list(files.glob("*.json"))) == 100, timeout_s=30)
 
     def documents() -> list[dict[str, object]]:
         return [json.loads(path.read_text()) for path in sorted(files.glob("*.json"))]
 
-    wait_until(lambda: all(document["is_leader"] for document in documents()), timeout_s=10)
+    wait_until(lambda: all(document["is_leader"] for document in documents()), timeout_s=30)
     assert documents()[57]["lock"] == "job-057"
 
     # One connection pool and one subscriber connection for all hundred locks.
