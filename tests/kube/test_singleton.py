@@ -27,6 +27,7 @@ import pytest
 import redis.asyncio as aioredis
 
 import elector
+from elector.election import ElectionTiming
 from elector.kube import run_singleton
 from elector.kube.singleton import EXIT_KOPF_STUCK, MIN_STOP_WORK_S, KopfOperatorExited
 from tests.kube.kmock_support import create_object, seed_object
@@ -41,11 +42,13 @@ LEASE_KEY = f"elector:{{{LOCK}}}:lease"
 
 
 def stop_work_for(ttl_s: float) -> float:
-    """The longest stop-work time the default timing allows at `ttl_s` (the renew deadline, 2/3
-    of the ttl, plus the safety margin must fit in the ttl), less 0.1 s: the singleton's stop
-    budget is 0.9 of it. At 0.5 s (budget 0.45 s) kopf's stop took longer at a load average of
-    10 (`make test-loaded`), and on_stuck="exit" ended a child that a test needed to stop cleanly."""
-    return round(ttl_s / 3 - ttl_s * 0.01 - 0.005 - 0.1, 3)
+    """The longest stop-work time the default timing allows at `ttl_s` (the renew deadline plus
+    the safety margin, of which stop-work is a part, must fit in the ttl), less 0.1 s: the
+    singleton's stop budget is 0.9 of it. At 0.5 s (budget 0.45 s) kopf's stop took longer at a
+    load average of 10 (`make test-loaded`), and on_stuck="exit" ended a child that a test needed
+    to stop cleanly."""
+    timing = ElectionTiming.from_ttl(ttl_s)  # stop-work 0: validity_s is the room for it
+    return round(timing.validity_s - timing.renew_deadline_s - 0.1, 3)
 
 
 # -- helpers ---------------------------------------------------------------------------------------
