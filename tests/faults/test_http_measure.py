@@ -7,12 +7,15 @@ from tests.faults.http_measure import Figures
 ATTACKER = {"connections": 4}
 
 
-def figures(*, gaps_s: list[float], others_redis_stalls: int, lost: bool = True) -> Figures:
+def figures(
+    *, gaps_s: list[float], others_redis_stalls: int, lost: bool = True, machine_lateness_s: float = 0.6
+) -> Figures:
+    # The request timeout (1 s) is above the default lateness: only the control group can excuse.
     return Figures(
-        attack="pipeline_noread", seconds=10.0, gap_bound_s=0.9, gaps_s=gaps_s,
+        attack="pipeline_noread", seconds=10.0, gap_bound_s=0.9, request_timeout_s=1.0, gaps_s=gaps_s,
         lease_writes=["DEL@+7.22s", "SET@+7.24s"] if lost else [], step_downs=int(lost),
-        takeovers=int(lost), machine_lateness_s=0.6, others_redis_stalls=others_redis_stalls,
-        attacker=ATTACKER,
+        takeovers=int(lost), machine_lateness_s=machine_lateness_s,
+        others_redis_stalls=others_redis_stalls, attacker=ATTACKER,
     )  # fmt: skip
 
 
@@ -43,3 +46,23 @@ def test_an_attack_that_never_connected_proves_nothing_whatever_the_others_saw()
     judged = figures(gaps_s=[0.6], others_redis_stalls=1, lost=False)
     judged.attacker = {"connections": 0}
     assert judged.lease_problems() == [f"the attacker never connected: {judged.attacker}"]
+
+
+def test_a_loss_while_this_process_stalled_a_whole_request_timeout_is_the_machines() -> None:
+    # Run #11's short_connections: the followers asked Redis nothing in those seconds, but a
+    # timer here woke later than the leader's request timeout, and the gaps stayed in bound.
+    judged = figures(gaps_s=[0.6, 1.26], others_redis_stalls=0, machine_lateness_s=1.0)
+    assert judged.loss_excuse is not None and "woke 1.000s late" in judged.loss_excuse
+    assert judged.lease_problems() == []
+
+
+def test_a_stall_shorter_than_the_request_timeout_excuses_nothing() -> None:
+    judged = figures(gaps_s=[0.6, 1.26], others_redis_stalls=0, machine_lateness_s=0.99)
+    assert judged.loss_excuse is None
+    assert judged.lease_problems()[0].startswith("2 lease(s) lost")
+
+
+def test_a_gap_beyond_the_lateness_bound_is_the_attacks_however_late_this_process_woke() -> None:
+    judged = figures(gaps_s=[0.6, 3.0], others_redis_stalls=0, machine_lateness_s=1.0)
+    assert judged.loss_excuse is None
+    assert judged.lease_problems()[-1].startswith("renewal gap 3.000s")
