@@ -272,7 +272,7 @@ class SentinelMasterWatcher:
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=CLOSE_WAIT_S)
             for task in pending:
-                where = "; ".join(f"{f.f_code.co_filename}:{f.f_lineno}" for f in task.get_stack(limit=8))
+                where = "; ".join(_await_chain(task))
                 logger.error(
                     "sentinel master watcher: task %s did not end within %.1fs of its cancellation "
                     "(left behind); it waits at %s", task.get_name(), CLOSE_WAIT_S, where,
@@ -359,9 +359,7 @@ class SentinelMasterWatcher:
             except Exception as exc:
                 logger.debug("sentinel subscription lost: %r", exc)
             finally:
-                with contextlib.suppress(Exception, TimeoutError):
-                    async with asyncio.timeout(self.request_timeout_s):
-                        await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await _drop_subscription(pubsub, timeout_s=self.request_timeout_s)
             await asyncio.sleep(backoff.failed())
 
     async def _read(self, pubsub: redis.asyncio.client.PubSub) -> None:
@@ -388,6 +386,43 @@ class SentinelMasterWatcher:
                 self.pubsub_wakeups += 1
                 self._wake_cause = "pubsub"
                 self._wake.set()
+
+
+async def _drop_subscription(pubsub: redis.asyncio.client.PubSub, *, timeout_s: float) -> None:
+    """Close a sentinel subscription: first its socket, without any wait; then, unless the task
+    is being cancelled (the watcher closes), redis-py's own close, bounded, which gives the
+    connection back to its client's pool (a resubscribing listener must not leak one per retry).
+
+    Why: twice in `make test-loaded` (load 10-12), after a failover test, two listeners did not end
+    within 5 s of their cancellation, nor within pytest's 120 s: each waited in `pubsub.aclose()`,
+    under a timeout that should have ended it. A close that does not wait cannot be held; with its
+    socket closed first, the library's close has nothing left to wait for."""
+    connection = pubsub.connection
+    if connection is not None:
+        with contextlib.suppress(Exception):
+            # nowait: no StreamWriter.wait_closed(), so this returns without suspending.
+            await connection.disconnect(nowait=True)
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        return  # the pool goes with its client, which the caller closes next
+    with contextlib.suppress(Exception, TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+
+def _await_chain(task: asyncio.Task[Any]) -> list[str]:
+    """Where a suspended task waits: each coroutine in its await chain, outermost first, then what
+    the innermost one awaits (a future, a lock's waiter). Task.get_stack() shows only the first."""
+    where: list[str] = []
+    awaited: Any = task.get_coro()
+    while awaited is not None and len(where) < 32:
+        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+        if frame is None:
+            where.append(repr(awaited)[:200])
+            break
+        where.append(f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
+        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+    return where
 
 
 def watch_master(

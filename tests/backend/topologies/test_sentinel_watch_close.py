@@ -5,10 +5,13 @@ teardown, in one of the closes after a failover test)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
 import pytest
+import redis.asyncio
+import redis.asyncio.client
 
 from elector.backend import RedisSettings, make_client
 from elector.backend.topologies import sentinel_watch
@@ -49,3 +52,50 @@ async def test_a_task_that_swallows_its_cancellation_is_named_and_left_behind(
         release.set()
         await asyncio.sleep(0)
         await client.aclose()
+
+
+async def test_a_listener_cancelled_on_a_live_subscription_ends_without_the_librarys_close(
+    redis_server, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A real server stands in for the sentinels: SUBSCRIBE works on any Redis, so the listeners
+    # hold live subscriptions (the polls fail, as SENTINEL is unknown to it, and log that).
+    release = asyncio.Event()
+    closes: list[str] = []
+
+    async def stubborn_close(self: redis.asyncio.client.PubSub) -> None:
+        closes.append("aclose")
+        while not release.is_set():  # swallows every cancellation, as in the loaded runs
+            with contextlib.suppress(asyncio.CancelledError):
+                await release.wait()
+
+    monkeypatch.setattr(redis.asyncio.client.PubSub, "aclose", stubborn_close)
+    url = f"redis+sentinel://127.0.0.1:{redis_server.port}/mymaster"
+    client = make_client(RedisSettings(url=url, request_timeout_s=0.5))
+    watcher = watch_master(client, poll_interval_s=0.2, request_timeout_s=0.5)
+    assert watcher is not None
+    subscribers_before = await _subscribers(redis_server.port)
+    watcher.start()
+    try:
+        # The listener's subscription is live on the server (a hang bound, not a speed).
+        deadline = time.monotonic() + 30
+        while await _subscribers(redis_server.port) <= subscribers_before:
+            assert time.monotonic() < deadline, "the listener never subscribed"
+            await asyncio.sleep(0.05)
+        with caplog.at_level(logging.ERROR, logger=sentinel_watch.__name__):
+            await asyncio.wait_for(watcher.aclose(), timeout=30)
+        assert not [r for r in caplog.records if "did not end" in r.getMessage()]
+        assert closes == []  # the library's close was not waited on
+        # Its socket was closed all the same: the server drops the subscriber.
+        deadline = time.monotonic() + 30
+        while await _subscribers(redis_server.port) > subscribers_before:
+            assert time.monotonic() < deadline, "the subscription's socket stayed open"
+            await asyncio.sleep(0.05)
+    finally:
+        release.set()
+        await client.aclose()
+
+
+async def _subscribers(port: int) -> int:
+    """Clients of the server subscribed to a channel (CLIENT LIST's `sub` count)."""
+    async with redis.asyncio.Redis(port=port) as probe:
+        return sum(1 for c in await probe.client_list() if int(c.get("sub", 0)))
