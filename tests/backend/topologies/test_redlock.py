@@ -513,10 +513,17 @@ async def test_elections_end_to_end_takeover_with_a_higher_token(three: Servers)
         second_token = elections[follower].status().fencing_token
         assert second_token is not None and second_token > first_token
         assert any(o.kind is OutcomeKind.ACQUIRED for o in outcomes[follower])
-        # A graceful stop releases on every server.
+        # A graceful stop releases: at once on the servers that answer; a server whose release
+        # timed out (one of three, loaded run #12 at load 11: 0.45 s requests) keeps the value
+        # until its ttl ends, which is all Redlock promises (nothing outlives its ttl). The ttl
+        # plus a second for the loaded loop is the bound.
         elections[follower].stop()
+        stopped_at = time.monotonic()
         await asyncio.wait_for(tasks[follower], 5.0)
-        assert await three.values() == [None, None, None]
+        assert any(o.kind is OutcomeKind.RELEASED for o in outcomes[follower])
+        while (values := await three.values()) != [None, None, None]:
+            assert time.monotonic() - stopped_at < ttl_s + 1.0 + 2 * lateness.worst_s, values
+            await asyncio.sleep(0.05)
     finally:
         for task in tasks.values():
             task.cancel()
