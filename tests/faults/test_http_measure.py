@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.faults.http_measure import Figures
+from tests.faults.http_measure import Figures, renewal_gaps
 
 ATTACKER = {"connections": 4}
 
@@ -66,3 +66,21 @@ def test_a_gap_beyond_the_lateness_bound_is_the_attacks_however_late_this_proces
     judged = figures(gaps_s=[0.6, 3.0], others_redis_stalls=0, machine_lateness_s=1.0)
     assert judged.loss_excuse is None
     assert judged.lease_problems()[-1].startswith("renewal gap 3.000s")
+
+
+def test_the_gaps_end_with_the_leaders_term_not_at_the_next_holders_first_renewal() -> None:
+    # Run #14's soak 8: the leader's last renewal at 4.0, its release at 5.35, the next holder's
+    # grant at once and its first renewal one renew interval later (6.0). The takeover is not a
+    # gap between the leader's renewals.
+    renewals = [1.0, 1.6, 2.2, 2.8, 3.4, 4.0, 6.0, 6.6]
+    count, gaps = renewal_gaps(renewals, began=1.2, ended=11.2, term_ended=5.35, now=12.0)
+    assert count == 5 and [round(gap, 3) for gap in gaps] == [0.6, 0.6, 0.6, 0.6, 0.6, 1.35]
+
+
+def test_without_a_lost_term_the_gaps_run_to_the_first_renewal_after_the_attack() -> None:
+    renewals = [1.0, 1.6, 2.2, 3.9, 4.5]
+    count, gaps = renewal_gaps(renewals, began=1.2, ended=4.0, term_ended=None, now=9.0)
+    assert count == 3 and [round(gap, 3) for gap in gaps] == [0.6, 0.6, 1.7, 0.6]
+    # No renewal after the attack: the last gap runs to now.
+    count, gaps = renewal_gaps(renewals[:3], began=1.2, ended=4.0, term_ended=None, now=5.0)
+    assert count == 2 and [round(gap, 3) for gap in gaps] == [0.6, 0.6, 2.8]
