@@ -33,7 +33,12 @@ from tests.support.previous_release import PreviousRelease, PreviousReleaseError
 from tests.support.seed import seed_used_lock
 from tests.support.sentinel import SentinelSet
 from tests.support.tcp_proxy import TcpProxy
-from tests.support.timeout_backstop import pytest_runtest_protocol  # noqa: F401 (a hook)
+from tests.support.timeout_backstop import (
+    make_report_dir,
+    pytest_runtest_protocol,  # noqa: F401 (a hook)
+    remove_report_dir_if_empty,
+    reports,
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -49,6 +54,18 @@ def pytest_configure(config: pytest.Config) -> None:
     chose a style, they are used, and a failure is reported rather than lost."""
     if sys.version_info[:2] == (3, 11) and config.option.tbstyle == "auto":
         config.option.tbstyle = "native"
+    make_report_dir()  # before pytest-xdist starts its workers: they inherit the directory
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """What the timeout backstop wrote before it ended a worker (xdist shows no worker's stderr)."""
+    for name, text in reports():
+        terminalreporter.section(f"timeout backstop report {name}", sep="-")
+        terminalreporter.write(text)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    remove_report_dir_if_empty()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -31,6 +31,7 @@ from elector.control.handoff import run_handoff
 from elector.election.clock import boottime
 from tests.support.seed import seed_used_lock_async
 from tests.support.tcp_proxy import TcpProxy
+from tests.support.waiting import until
 
 TTL_S = 1.0
 LOCK = "jobs"
@@ -342,15 +343,18 @@ async def test_callbacks_come_in_order_once_per_term_and_failures_are_contained(
 
 
 async def test_on_stopped_leading_is_called_exactly_once_at_close_when_never_led(make) -> None:
-    a = make("a")
+    # ttl 3 s and a wait for b's first look, where a 1 s ttl and a 0.2 s sleep were: in loaded
+    # run #16 b's first read timed out (0.15 s requests at 1 s), so it had not yet seen "a".
+    a = make("a", ttl_s=3.0)
     await a.start()
     await a.wait_for_leadership()
     calls: list[object] = []
     b = make(
-        "b", on_stopped_leading=calls.append, on_started_leading=calls.append, on_new_leader=calls.append
-    )
+        "b", ttl_s=3.0, on_stopped_leading=calls.append, on_started_leading=calls.append,
+        on_new_leader=calls.append,
+    )  # fmt: skip
     await b.start()
-    await asyncio.sleep(0.2)
+    await until(lambda: calls, timeout_s=10.0)  # a bound on a hang
     await b.aclose()
     await b.aclose()  # a second close adds nothing
     assert calls == ["a", StepDownReason.SHUTDOWN]

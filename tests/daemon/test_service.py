@@ -169,9 +169,11 @@ def test_a_shutdown_linger_out_of_range_is_refused(daemon, seeded, redis_url: st
 
 
 def test_a_follower_exits_at_once_on_sigterm(daemon, seeded) -> None:
-    a = daemon("a")
+    # ttl 3 s: at 1 s (0.15 s requests) a lost its lease to a loaded machine (loaded run #16)
+    # and the last check, that b's exit left a leading, failed for a reason of its own.
+    a = daemon("a", ttl="3s")
     wait_until(a.is_leader, timeout_s=START_S)
-    b = daemon("b")
+    b = daemon("b", ttl="3s")
     b.signal(signal.SIGTERM)
     assert b.wait() == 0
     # On the daemon's own clock, from the signal to its last line: a follower has nothing to
@@ -179,7 +181,7 @@ def test_a_follower_exits_at_once_on_sigterm(daemon, seeded) -> None:
     # which took 1.2-2 s on a machine at load 19-24, before and after the HTTP thread.)
     at = {line["event"]: datetime.datetime.fromisoformat(line["timestamp"]) for line in b.log_lines()}
     took = at["stopped"] - at["shutting_down"]
-    assert took.total_seconds() < TTL_S, took
+    assert took.total_seconds() < TTL_S, took  # the module's 1 s, as it was with a 1 s ttl
     assert a.is_leader()
 
 

@@ -14,14 +14,22 @@ teardown) at the test's own timeout plus a grace. When it fires it dumps every t
 real stderr and ends the process: a stuck test becomes a crashed worker (pytest-xdist reports it
 and starts another) or a failed run, never a hang. pytest-timeout still fires first in every case
 it handles, with its better report.
+
+pytest-xdist drops what a worker writes to its stderr: two loaded runs showed only "node down: Not
+properly terminated". So the report also goes to a file in `REPORT_DIR_ENV`'s directory, which the
+controller makes at start-up (`make_report_dir`) and prints at the end (`reports`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import sys
+import tempfile
 import threading
+from pathlib import Path
+from typing import TextIO
 
 import pytest
 
@@ -40,17 +48,54 @@ def timeout_of(item: pytest.Item) -> float:
     return float(configured or 0)
 
 
+#: The directory the backstop's reports go to; inherited by the workers from the controller.
+REPORT_DIR_ENV = "ELECTOR_TEST_BACKSTOP_DIR"
+
+
+def make_report_dir() -> None:
+    """In the controller (or a run without workers): a fresh directory for the workers' reports."""
+    if REPORT_DIR_ENV not in os.environ:
+        os.environ[REPORT_DIR_ENV] = tempfile.mkdtemp(prefix="elector-backstop-")
+
+
+def remove_report_dir_if_empty() -> None:
+    """At the end of the run: a directory with reports stays for reading; an empty one goes."""
+    directory = os.environ.get(REPORT_DIR_ENV)
+    if directory and "PYTEST_XDIST_WORKER" not in os.environ:
+        with contextlib.suppress(OSError):
+            os.rmdir(directory)  # fails, as it should, while it holds a report
+
+
+def reports() -> list[tuple[str, str]]:
+    """(file name, text) of every report written in this run."""
+    directory = os.environ.get(REPORT_DIR_ENV)
+    if not directory or not os.path.isdir(directory):
+        return []
+    return [(path.name, path.read_text(errors="replace")) for path in sorted(Path(directory).iterdir())]
+
+
+def _write_report(stream: TextIO, nodeid: str, budget_s: float) -> None:
+    stream.write(
+        f"\ntimeout backstop: {nodeid} still running {budget_s:.0f} s after it started "
+        "(its timeout was cancelled or swallowed); every thread's stack follows, then this "
+        "process exits\n"
+    )
+    stream.flush()
+    faulthandler.dump_traceback(file=stream, all_threads=True)
+    stream.flush()
+
+
 def _give_up(nodeid: str, budget_s: float) -> None:
-    stream = sys.__stderr__
-    if stream is not None:
-        stream.write(
-            f"\ntimeout backstop: {nodeid} still running {budget_s:.0f} s after it started "
-            "(its timeout was cancelled or swallowed); every thread's stack follows, then this "
-            "process exits\n"
-        )
-        stream.flush()
-        faulthandler.dump_traceback(file=stream, all_threads=True)
-        stream.flush()
+    if sys.__stderr__ is not None:
+        _write_report(sys.__stderr__, nodeid, budget_s)
+    directory = os.environ.get(REPORT_DIR_ENV)
+    if directory:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with (
+            contextlib.suppress(OSError),
+            open(os.path.join(directory, f"{worker}-{os.getpid()}.txt"), "w", encoding="utf-8") as report,
+        ):
+            _write_report(report, nodeid, budget_s)
     os._exit(1)
 
 
