@@ -26,8 +26,9 @@ twice: a renewal is a timer's wake-up and then its reply's, a probe a connect an
 The HTTP thread's own interference is not in that figure (it is measured from another process),
 so a gap that HTTP caused still breaks the bound; a loaded CI machine alone does not. A lost term
 is the attack's unless the gaps stayed within that bound and a witness the attack cannot reach
-stalled as well: the daemons it did not touch timed out on Redis, or a timer of this process woke
-a whole request timeout late (`Figures.loss_excuse`: the machine ended it).
+stalled as well: the daemons it did not touch timed out on Redis, a timer of this process woke a
+whole request timeout late, or a PING of the lock Redis from this process took that long
+(`Figures.loss_excuse`: the machine ended it).
 """
 
 from __future__ import annotations
@@ -110,6 +111,8 @@ class Figures:
     #: `redis_unreachable` lines logged during the attack by the daemons it did not touch: the
     #: lock Redis or the machine stalled for everyone, whatever HTTP did.
     others_redis_stalls: int = 0
+    #: The slowest PING of the lock Redis from this process during the attack (one every 20 ms).
+    redis_worst_ping_s: float = 0.0
     #: Each probe's status and time taken.
     probe_results: list[tuple[int | str, float]] = dataclasses.field(default_factory=list)
     attacker: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -173,7 +176,15 @@ class Figures:
         1.26 s, inside the 1.85 s bound, while a 10 ms timer here woke 0.475 s late; the followers,
         which look about once a ttl, happened to ask nothing in those seconds. A loss with a gap
         beyond the lateness bound, or on a machine that stalled for neither witness, is still the
-        attack's."""
+        attack's.
+
+        A third witness is the lock Redis itself: a PING every 20 ms from this process. In loaded
+        run #17 (slowloris, load 11.3) the leader's renewal reached Redis 0.32 s after the leader
+        had sent it (its timeout had fired by then) and the term ended on the renew deadline,
+        while the server-timed gaps stayed within bound (1.07 s of 1.22 s) and neither the
+        followers (asking once a ttl) nor this process's timer (0.16 s) saw the stall. A Redis
+        that the attack's target does not talk to for us, slower than a whole request timeout,
+        fails any renewal."""
         if self.max_gap_s > self.allowed_gap_s:
             return None
         if self.others_redis_stalls > 0:
@@ -181,6 +192,11 @@ class Figures:
         if self.machine_lateness_s >= self.request_timeout_s:
             return (
                 f"a timer in the measuring process woke {self.machine_lateness_s:.3f}s late, "
+                f">= the request timeout {self.request_timeout_s:.3f}s"
+            )
+        if self.redis_worst_ping_s >= self.request_timeout_s:
+            return (
+                f"a PING of the lock Redis from the measuring process took {self.redis_worst_ping_s:.3f}s, "
                 f">= the request timeout {self.request_timeout_s:.3f}s"
             )
         return None
@@ -228,9 +244,39 @@ class Figures:
             f"{self.rss_before_mib:.1f} -> max {self.rss_max_mib:.1f} MiB, PSS max {self.pss_max_mib:.1f} "
             f"MiB; leader CPU {self.leader_cpu_s:.1f}s, load average {self.load_average:.1f}, "
             f"Redis timeouts of the daemons not attacked {self.others_redis_stalls}, "
+            f"slowest Redis PING {self.redis_worst_ping_s:.3f}s, "
             f"excuse {self.loss_excuse}; "
             f"attacker {json.dumps(self.attacker)}"
         )
+
+
+class RedisPinger:
+    """PING the lock Redis every `period_s` in a thread; the slowest round trip is a witness of a
+    stalled Redis (or machine) that the attack on the leader's HTTP port cannot cause."""
+
+    def __init__(self, redis_url: str, *, period_s: float = 0.02) -> None:
+        self._client = redis.Redis.from_url(redis_url, socket_timeout=5.0, socket_connect_timeout=2.0)
+        self._period_s = period_s
+        self._stop = threading.Event()
+        self.worst_s = 0.0
+        self._thread = threading.Thread(target=self._run, name="redis-pinger", daemon=True)
+
+    def start(self) -> RedisPinger:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._client.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            with contextlib.suppress(redis.RedisError):  # a failed PING counts by the time it took
+                self._client.ping()
+            self.worst_s = max(self.worst_s, time.monotonic() - started)
+            self._stop.wait(self._period_s)
 
 
 class LeaseMonitor:
@@ -409,6 +455,7 @@ def measure_attack(
     memory = MemorySampler(leader.process.pid)
     figures.rss_before_mib = memory.sample() / 1024
     prober: subprocess.Popen[bytes] | None = None
+    pinger: RedisPinger | None = None
     try:
         # One renewal before the attack: the first gap is counted from it.
         monitor.wait_for_renewal(after=0.0, timeout_s=4 * timing.renew_interval_s + 5)
@@ -425,6 +472,8 @@ def measure_attack(
             on_start()
         prober = subprocess.Popen(prober_command(leader.port, seconds), stdout=subprocess.PIPE)
         began = time.time()
+        # From the attack's start through the first renewal after it (the window a loss is counted in).
+        pinger = RedisPinger(target.redis_url).start()
         with thread_lateness() as lateness:
             attacker = subprocess.run(
                 attacker_command(leader.port, attack, seconds),
@@ -441,6 +490,9 @@ def measure_attack(
         memory.stop()
     finally:
         monitor.stop()
+        if pinger is not None:
+            pinger.stop()
+            figures.redis_worst_ping_s = pinger.worst_s
         if prober is not None and prober.poll() is None:  # only after an error above
             prober.kill()
             prober.wait()

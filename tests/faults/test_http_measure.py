@@ -84,3 +84,15 @@ def test_without_a_lost_term_the_gaps_run_to_the_first_renewal_after_the_attack(
     # No renewal after the attack: the last gap runs to now.
     count, gaps = renewal_gaps(renewals[:3], began=1.2, ended=4.0, term_ended=None, now=5.0)
     assert count == 2 and [round(gap, 3) for gap in gaps] == [0.6, 0.6, 2.8]
+
+
+def test_a_loss_while_redis_answered_a_ping_a_whole_request_timeout_late_is_the_machines() -> None:
+    # Loaded run #17's slowloris: gaps in bound, no follower asked, this process's timer 0.16 s
+    # late; the leader's renewal reached Redis after its own timeout had fired.
+    judged = figures(gaps_s=[0.61, 1.07, 0.35], others_redis_stalls=0, machine_lateness_s=0.16)
+    assert judged.loss_excuse is None  # the request timeout here is 1 s
+    judged.redis_worst_ping_s = 1.0
+    assert judged.loss_excuse is not None and "PING of the lock Redis" in judged.loss_excuse
+    assert judged.lease_problems() == []
+    judged.gaps_s = [0.61, 2.5]  # beyond the lateness bound: the attack's, whatever Redis did
+    assert judged.loss_excuse is None
