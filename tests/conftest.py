@@ -40,6 +40,9 @@ from tests.support.timeout_backstop import (
     reports,
 )
 
+#: The backstop's report directory, if this process made it (tests/support/timeout_backstop.py).
+_BACKSTOP_DIR = pytest.StashKey[str | None]()
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     """The fault suite's options: here, since pytest reads options only from the first conftests."""
@@ -54,7 +57,8 @@ def pytest_configure(config: pytest.Config) -> None:
     chose a style, they are used, and a failure is reported rather than lost."""
     if sys.version_info[:2] == (3, 11) and config.option.tbstyle == "auto":
         config.option.tbstyle = "native"
-    make_report_dir()  # before pytest-xdist starts its workers: they inherit the directory
+    # Before pytest-xdist starts its workers: they inherit the directory.
+    config.stash[_BACKSTOP_DIR] = make_report_dir()
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -65,7 +69,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    remove_report_dir_if_empty()
+    remove_report_dir_if_empty(config.stash.get(_BACKSTOP_DIR, None))
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -40,3 +41,32 @@ def test_a_backstop_exit_leaves_its_report_in_the_runs_directory(
 def test_no_directory_no_reports(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(timeout_backstop.REPORT_DIR_ENV, raising=False)
     assert timeout_backstop.reports() == []
+
+
+def test_a_directory_named_in_the_environment_is_used_and_never_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    given = tmp_path / "kept"
+    given.mkdir()
+    monkeypatch.setenv(timeout_backstop.REPORT_DIR_ENV, str(given))
+    made = timeout_backstop.make_report_dir()
+    assert made is None and os.environ[timeout_backstop.REPORT_DIR_ENV] == str(given)
+    timeout_backstop.remove_report_dir_if_empty(made)
+    assert given.is_dir()  # empty, but not ours to remove
+
+
+def test_a_directory_made_here_goes_when_empty_and_stays_with_a_report(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(timeout_backstop.REPORT_DIR_ENV, raising=False)
+    made = timeout_backstop.make_report_dir()
+    assert made is not None and os.environ[timeout_backstop.REPORT_DIR_ENV] == made
+    timeout_backstop.remove_report_dir_if_empty(made)
+    assert not os.path.exists(made)
+    monkeypatch.delenv(timeout_backstop.REPORT_DIR_ENV)
+    made = timeout_backstop.make_report_dir()
+    assert made is not None
+    (Path(made) / "gw0-1.txt").write_text("timeout backstop: ...")
+    timeout_backstop.remove_report_dir_if_empty(made)
+    assert os.path.isdir(made)  # a report in it: kept for reading
+    shutil.rmtree(made)

@@ -52,16 +52,19 @@ def timeout_of(item: pytest.Item) -> float:
 REPORT_DIR_ENV = "ELECTOR_TEST_BACKSTOP_DIR"
 
 
-def make_report_dir() -> None:
-    """In the controller (or a run without workers): a fresh directory for the workers' reports."""
-    if REPORT_DIR_ENV not in os.environ:
-        os.environ[REPORT_DIR_ENV] = tempfile.mkdtemp(prefix="elector-backstop-")
+def make_report_dir() -> str | None:
+    """In the controller (or a run without workers): a fresh directory for the workers' reports,
+    returned so the caller can remove it; None if the environment names one already (the
+    workers, or a user who wants the reports kept elsewhere): not ours to remove."""
+    if REPORT_DIR_ENV in os.environ:
+        return None
+    os.environ[REPORT_DIR_ENV] = directory = tempfile.mkdtemp(prefix="elector-backstop-")
+    return directory
 
 
-def remove_report_dir_if_empty() -> None:
+def remove_report_dir_if_empty(directory: str | None) -> None:
     """At the end of the run: a directory with reports stays for reading; an empty one goes."""
-    directory = os.environ.get(REPORT_DIR_ENV)
-    if directory and "PYTEST_XDIST_WORKER" not in os.environ:
+    if directory is not None:
         with contextlib.suppress(OSError):
             os.rmdir(directory)  # fails, as it should, while it holds a report
 
