@@ -20,6 +20,7 @@ from elector.fencing import (
     check_fencing_token,
 )
 from elector.testing.redis_server import RedisServerProcess, free_tcp_port
+from tests.support.expiry import assert_expiry_set, started_s
 
 # Real tokens are Redis server time in ms: big numbers, where float rounding would show.
 T = 1_795_296_567_927
@@ -147,8 +148,9 @@ async def test_delete_or_raise(store) -> None:
 
 async def test_ttl_applies_to_the_value_never_to_the_fence(store, raw) -> None:
     await raw.set("k:fence", str(T), px=60_000)  # even an expiry put there by someone else goes
+    before_set_s = started_s()
     await store.set("k", "a", fencing_token=T, ttl_ms=5000)
-    assert 4000 < await raw.pttl("k") <= 5000
+    await assert_expiry_set(raw, "k", set_ms=5000, written_after_s=before_set_s)
     assert await raw.pttl("k:fence") == -1
     # Without ttl_ms, like a plain SET, the value's expiry is cleared.
     await store.set("k", "b", fencing_token=T)

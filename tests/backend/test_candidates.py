@@ -25,6 +25,7 @@ from elector.lease import (
     Renewed,
     StandBack,
 )
+from tests.support.expiry import assert_expiry_set, assert_remaining_within, started_s
 from tests.support.seed import seed_used_lock_async
 
 TTL_MS = 2000
@@ -268,16 +269,19 @@ async def test_request_handoff_marks_it_and_tells_the_holder(backend_for, raw) -
     a, watcher = backend_for(), backend_for()
     lease = await grant(a, "a")
     subscription = await watcher.subscribe(keepalive_s=60)
+    before_request_s = started_s()
     handoff = await watcher.request_handoff(to="b", window_ms=5000)
     assert handoff == Handoff(from_identity="a", to_identity="b", remaining_ms=5000)
     assert json.loads(await raw.get(KEYS.handoff)) == {"from": "a", "to": "b"}
-    assert 4900 < await raw.pttl(KEYS.handoff) <= 5000
+    await assert_expiry_set(raw, KEYS.handoff, set_ms=5000, written_after_s=before_request_s)
     event = await subscription.next_event(1.0)
     assert event is not None and event.kind is LeaseEventKind.HANDOFF and event.holder == lease.holder
     renewed = await a.renew(lease)  # the holder also finds it at its next renewal
     assert isinstance(renewed, Renewed) and renewed.handoff is not None
     assert (renewed.handoff.from_identity, renewed.handoff.to_identity) == ("a", "b")
-    assert 4000 < renewed.handoff.remaining_ms <= 5000
+    assert_remaining_within(
+        renewed.handoff.remaining_ms, set_ms=5000, written_after_s=before_request_s, what="handoff at renewal"
+    )
     await subscription.close()
 
 
@@ -307,13 +311,16 @@ async def test_stand_back_semantics_of_a_targeted_handoff(backend_for, raw) -> N
     a, b, c = backend_for(), backend_for(), backend_for()
     lease = await grant(a, "a")
     await b.acquire("b", ttl_ms=TTL_MS)
+    before_request_s = started_s()
     await c.request_handoff(to="b", window_ms=5000)
     assert isinstance(await c.acquire("c", ttl_ms=TTL_MS), Held)  # held: the holder answers first
     assert await a.release(lease)
     refused_from = await a.acquire("a", ttl_ms=TTL_MS)
     assert isinstance(refused_from, StandBack)
     assert refused_from.handoff.from_identity == "a" and refused_from.handoff.to_identity == "b"
-    assert 4000 < refused_from.handoff.remaining_ms <= 5000
+    assert_remaining_within(
+        refused_from.handoff.remaining_ms, set_ms=5000, written_after_s=before_request_s, what="handoff"
+    )
     assert isinstance(await c.acquire("c", ttl_ms=TTL_MS), StandBack)  # not the target
     assert await raw.exists(KEYS.lease) == 0
     target = await grant(b, "b")
@@ -351,10 +358,11 @@ async def test_release_with_a_handoff_is_atomic_and_announced(backend_for, raw) 
     pubsub = raw.pubsub()
     await pubsub.subscribe(KEYS.channel)
     await pubsub.get_message(timeout=1)
+    before_release_s = started_s()
     assert await a.release(lease, handoff_to="b", handoff_window_ms=3000)
     assert await raw.exists(KEYS.lease) == 0
     assert json.loads(await raw.get(KEYS.handoff)) == {"from": "a", "to": "b"}
-    assert 2900 < await raw.pttl(KEYS.handoff) <= 3000
+    await assert_expiry_set(raw, KEYS.handoff, set_ms=3000, written_after_s=before_release_s)
     event = await subscription.next_event(1.0)
     assert event is not None and event.kind is LeaseEventKind.RELEASED and event.holder == lease.holder
     message = await pubsub.get_message(timeout=1)
