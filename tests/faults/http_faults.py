@@ -125,4 +125,7 @@ class HttpAttacks:
                     else ""
                 )
             )
+            if figures.lease_problems() or figures.leases_lost or figures.step_downs:
+                # Every witness and the leader's threads, for the run that lost or was excused.
+                lines.append(f"    {figures.describe()}")
         return "\n".join(lines)

@@ -55,6 +55,8 @@ from elector.election import ElectionTiming
 from tests.support.daemon import DaemonProcess
 from tests.support.lateness import thread_lateness
 
+from .thread_sampler import ThreadSampler
+
 ATTACKER = Path(__file__).with_name("http_attacker.py")
 PROBER = Path(__file__).with_name("http_prober.py")
 PROBE_PERIOD_S = 0.05
@@ -113,6 +115,9 @@ class Figures:
     others_redis_stalls: int = 0
     #: The slowest PING of the lock Redis from this process during the attack (one every 20 ms).
     redis_worst_ping_s: float = 0.0
+    #: The leader's threads during the longest renewal gap (tests/faults/thread_sampler.py): what
+    #: the election's thread did while it did not renew.
+    leader_threads: str = ""
     #: Each probe's status and time taken.
     probe_results: list[tuple[int | str, float]] = dataclasses.field(default_factory=list)
     attacker: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -246,6 +251,7 @@ class Figures:
             f"Redis timeouts of the daemons not attacked {self.others_redis_stalls}, "
             f"slowest Redis PING {self.redis_worst_ping_s:.3f}s, "
             f"excuse {self.loss_excuse}; "
+            f"leader's threads in the longest gap: {self.leader_threads}; "
             f"attacker {json.dumps(self.attacker)}"
         )
 
@@ -416,6 +422,17 @@ def renewal_gaps(
     that no machine lateness could cover (run #14's soak 8: 1.947 s, while a follower timed out
     on Redis too). The loss itself is still counted, in `lease_writes`.
     """
+    during = [t for t in renewals if began < t < ended]
+    span = _renewal_span(renewals, began=began, ended=ended, term_ended=term_ended, now=now)
+    if term_ended is not None:
+        during = [t for t in during if t < term_ended]
+    return len(during), [b - a for a, b in itertools.pairwise(span)]
+
+
+def _renewal_span(
+    renewals: list[float], *, began: float, ended: float, term_ended: float | None, now: float
+) -> list[float]:
+    """The renewals `renewal_gaps` measures between, with the closing moment last."""
     before = [t for t in renewals if t <= began]
     during = [t for t in renewals if began < t < ended]
     after = [t for t in renewals if t >= ended]
@@ -425,8 +442,16 @@ def renewal_gaps(
         closing = [term_ended]
     else:
         closing = after[:1] or [now]
-    span = before[-1:] + during + closing
-    return len(during), [b - a for a, b in itertools.pairwise(span)]
+    return before[-1:] + during + closing
+
+
+def longest_gap_window(
+    renewals: list[float], *, began: float, ended: float, term_ended: float | None, now: float
+) -> tuple[float, float] | None:
+    """(start, end) of the longest of `renewal_gaps`' gaps, server-timed; None without a gap."""
+    span = _renewal_span(renewals, began=began, ended=ended, term_ended=term_ended, now=now)
+    windows = list(itertools.pairwise(span))
+    return max(windows, key=lambda window: window[1] - window[0], default=None)
 
 
 def _holder(value: bytes | None) -> str | None:
@@ -456,6 +481,7 @@ def measure_attack(
     figures.rss_before_mib = memory.sample() / 1024
     prober: subprocess.Popen[bytes] | None = None
     pinger: RedisPinger | None = None
+    sampler: ThreadSampler | None = None
     try:
         # One renewal before the attack: the first gap is counted from it.
         monitor.wait_for_renewal(after=0.0, timeout_s=4 * timing.renew_interval_s + 5)
@@ -474,6 +500,8 @@ def measure_attack(
         began = time.time()
         # From the attack's start through the first renewal after it (the window a loss is counted in).
         pinger = RedisPinger(target.redis_url).start()
+        # Same window, and the one before it: the longest gap began at the last renewal before.
+        sampler = ThreadSampler(leader.process.pid).start()
         with thread_lateness() as lateness:
             attacker = subprocess.run(
                 attacker_command(leader.port, attack, seconds),
@@ -493,6 +521,8 @@ def measure_attack(
         if pinger is not None:
             pinger.stop()
             figures.redis_worst_ping_s = pinger.worst_s
+        if sampler is not None:
+            sampler.stop()
         if prober is not None and prober.poll() is None:  # only after an error above
             prober.kill()
             prober.wait()
@@ -512,6 +542,12 @@ def measure_attack(
         now=time.time(),
     )  # fmt: skip
     figures.lease_writes = [f"{command}@{t - began:+.2f}s" for t, command in losses]
+    window = longest_gap_window(
+        monitor.renewals(), began=began, ended=ended, term_ended=losses[0][0] if losses else None,
+        now=time.time(),
+    )  # fmt: skip
+    if sampler is not None and window is not None:
+        figures.leader_threads = sampler.summary(start=window[0], end=window[1])
     events = [
         _events_since(daemon, mark) for daemon, mark in zip((leader, *target.others), log_marks, strict=True)
     ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.faults.http_measure import Figures, renewal_gaps
+from tests.faults.http_measure import Figures, longest_gap_window, renewal_gaps
 
 ATTACKER = {"connections": 4}
 
@@ -84,6 +84,15 @@ def test_without_a_lost_term_the_gaps_run_to_the_first_renewal_after_the_attack(
     # No renewal after the attack: the last gap runs to now.
     count, gaps = renewal_gaps(renewals[:3], began=1.2, ended=4.0, term_ended=None, now=5.0)
     assert count == 2 and [round(gap, 3) for gap in gaps] == [0.6, 0.6, 2.8]
+
+
+def test_the_longest_gap_is_found_where_the_gaps_are_counted() -> None:
+    # The window the leader's threads are summarised in (tests/faults/thread_sampler.py).
+    renewals = [1.0, 1.6, 2.2, 4.5, 5.1]
+    assert longest_gap_window(renewals, began=1.5, ended=5.0, term_ended=None, now=9.0) == (2.2, 4.5)
+    # A term that ended: the gap runs to its end, not to the next holder's renewal.
+    assert longest_gap_window(renewals, began=1.5, ended=5.0, term_ended=3.0, now=9.0) == (2.2, 3.0)
+    assert longest_gap_window([], began=1.5, ended=5.0, term_ended=None, now=9.0) is None
 
 
 def test_a_loss_while_redis_answered_a_ping_a_whole_request_timeout_late_is_the_machines() -> None:
