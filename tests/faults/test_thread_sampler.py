@@ -14,7 +14,14 @@ def test_every_thread_of_a_process_is_read_with_its_kernel_state() -> None:
     sleeper = threading.Thread(target=stop.wait, name="sleeper")
     sleeper.start()
     try:
-        samples = read_tasks(os.getpid(), at=time.time())
+        # A thread just started may still be runnable (run #21, at load 10): wait until it sleeps.
+        deadline = time.monotonic() + 10
+        while True:
+            samples = read_tasks(os.getpid(), at=time.time())
+            asleep = [s for s in samples if s.tid == sleeper.native_id and s.state.startswith("S")]
+            if asleep or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
     finally:
         stop.set()
         sleeper.join()
