@@ -105,3 +105,16 @@ def test_a_loss_while_redis_answered_a_ping_a_whole_request_timeout_late_is_the_
     assert judged.lease_problems() == []
     judged.gaps_s = [0.61, 2.5]  # beyond the lateness bound: the attack's, whatever Redis did
     assert judged.loss_excuse is None
+
+
+def test_a_redis_stall_excuses_a_gap_as_long_as_the_stall_itself() -> None:
+    # Loaded run #22's pipeline_read: a PING took 1.377 s, both followers timed out on Redis, the
+    # leader's election thread waited in epoll_wait: the gap (1.949 s) outgrew the lateness bound
+    # (0.954 s) by less than the stall.
+    judged = figures(gaps_s=[0.61, 0.60, 1.949, 0.20], others_redis_stalls=2, machine_lateness_s=0.027)
+    judged.request_timeout_s = 0.3
+    assert judged.loss_excuse is None  # no PING measured: the gap is beyond every bound
+    judged.redis_worst_ping_s = 1.377
+    assert judged.loss_excuse is not None and judged.lease_problems() == []
+    judged.gaps_s = [0.61, 2.4]  # longer than the bound and the stall together: the attack's
+    assert judged.loss_excuse is None and judged.lease_problems() != []
