@@ -18,18 +18,27 @@ it handles, with its better report.
 pytest-xdist drops what a worker writes to its stderr: two loaded runs showed only "node down: Not
 properly terminated". So the report also goes to a file in `REPORT_DIR_ENV`'s directory, which the
 controller makes at start-up (`make_report_dir`) and prints at the end (`reports`).
+
+A thread dump shows nothing of an asyncio test's hang: every await of the test, its fixtures and
+kopf's loop is one thread sitting in select(). A loaded run's hang (test_operator_lease.py) left only
+that. So, `TASKS_LEAD_S` before the test's own timeout, a second timer writes every running event
+loop's tasks with the chain of awaits each is suspended in (`describe_tasks`), to the same places;
+the test goes on, and pytest-timeout and the backstop fire as before.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import faulthandler
+import gc
 import os
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import pytest
 
@@ -47,6 +56,12 @@ def timeout_of(item: pytest.Item) -> float:
     configured = item.config.getoption("timeout", None) or item.config.getini("timeout")
     return float(configured or 0)
 
+
+#: Before the test's own timeout (so the awaits are shown before pytest-timeout's exception unwinds
+#: them): when the running event loops' tasks are written.
+TASKS_LEAD_S = 1.0
+#: Enough for any await chain here; a cycle (never seen) must not loop the reporter.
+MAX_AWAIT_DEPTH = 64
 
 #: The directory the backstop's reports go to; inherited by the workers from the controller.
 REPORT_DIR_ENV = "ELECTOR_TEST_BACKSTOP_DIR"
@@ -88,16 +103,84 @@ def _write_report(stream: TextIO, nodeid: str, budget_s: float) -> None:
     stream.flush()
 
 
+def _await_chain(coro: Any, *, waiter: object = None) -> list[str]:
+    """Where a task's coroutine is suspended, outermost first: `Task.print_stack` shows only the
+    outermost frame (a suspended coroutine's frame has no f_back), so follow what each awaits."""
+    lines: list[str] = []
+    current = coro
+    for _ in range(MAX_AWAIT_DEPTH):
+        frame = next(
+            (f for f in (getattr(current, a, None) for a in ("cr_frame", "gi_frame", "ag_frame")) if f),
+            None,
+        )
+        if frame is not None:
+            code = frame.f_code
+            lines.append(f'  File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}')
+        awaited = next(
+            (n for n in (getattr(current, a, None) for a in ("cr_await", "gi_yieldfrom", "ag_await")) if n),
+            None,
+        )
+        if awaited is None:
+            if frame is None:  # a future's iterator, an async generator's step: say what it is
+                lines.append(f"  awaiting {waiter if waiter is not None else current!r}"[:400])
+            break
+        current = awaited
+    return lines
+
+
+def _running_loops() -> list[asyncio.AbstractEventLoop]:
+    """Every running event loop of the process: the test's, and any in other threads (kopf's)."""
+    loops = (obj for obj in gc.get_objects() if isinstance(obj, asyncio.AbstractEventLoop))
+    return [loop for loop in loops if loop.is_running()]
+
+
+def describe_tasks() -> str:
+    """Every running loop's tasks and the awaits each is suspended in. Read from another thread
+    while the loops run: a task may finish meanwhile; it is a report, not a snapshot."""
+    out: list[str] = []
+    for loop in _running_loops():
+        tasks = sorted(asyncio.all_tasks(loop), key=lambda t: t.get_name())
+        out.append(f"event loop {loop!r}: {len(tasks)} tasks")
+        for task in tasks:
+            out.append(f"task {task.get_name()!r} done={task.done()}")
+            # The future a task sleeps on (the awaited C iterator does not show it): a private
+            # attribute, read with a default, for a report only.
+            out.extend(_await_chain(task.get_coro(), waiter=getattr(task, "_fut_waiter", None)))
+    return "\n".join(out) + "\n"
+
+
+def _report_file(suffix: str) -> str | None:
+    directory = os.environ.get(REPORT_DIR_ENV)
+    if not directory:
+        return None
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    return os.path.join(directory, f"{worker}-{os.getpid()}{suffix}.txt")
+
+
+def _report_tasks(nodeid: str, after_s: float) -> None:
+    try:
+        text = (
+            f"\ntimeout backstop: {nodeid} still running {after_s:.1f} s after it started, "
+            f"{TASKS_LEAD_S:.0f} s before its timeout; the event loops' tasks follow (it goes on)\n"
+            + describe_tasks()
+        )
+    except Exception as exc:  # a report must never take the test down with it
+        text = f"\ntimeout backstop: {nodeid}: could not describe the tasks: {exc!r}\n"
+    if sys.__stderr__ is not None:
+        sys.__stderr__.write(text)
+        sys.__stderr__.flush()
+    path = _report_file(f"-tasks-{time.monotonic_ns()}")
+    if path:
+        with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as report:
+            report.write(text)
+
+
 def _give_up(nodeid: str, budget_s: float) -> None:
     if sys.__stderr__ is not None:
         _write_report(sys.__stderr__, nodeid, budget_s)
-    directory = os.environ.get(REPORT_DIR_ENV)
-    if directory:
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        with (
-            contextlib.suppress(OSError),
-            open(os.path.join(directory, f"{worker}-{os.getpid()}.txt"), "w", encoding="utf-8") as report,
-        ):
+    path = _report_file("")
+    if path:
+        with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as report:
             _write_report(report, nodeid, budget_s)
     os._exit(1)
 
@@ -109,10 +192,16 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  #
         yield
         return
     budget_s = timeout_s + GRACE_S
-    timer = threading.Timer(budget_s, _give_up, args=(item.nodeid, budget_s))
-    timer.daemon = True
-    timer.start()
+    tasks_at_s = max(timeout_s - TASKS_LEAD_S, 0.9 * timeout_s)
+    timers = [
+        threading.Timer(tasks_at_s, _report_tasks, args=(item.nodeid, tasks_at_s)),
+        threading.Timer(budget_s, _give_up, args=(item.nodeid, budget_s)),
+    ]
+    for timer in timers:
+        timer.daemon = True
+        timer.start()
     try:
         yield
     finally:
-        timer.cancel()
+        for timer in timers:
+            timer.cancel()
