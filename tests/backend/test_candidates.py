@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -111,10 +112,14 @@ async def test_candidates_are_sorted_by_priority_then_identity(backend) -> None:
 
 
 async def test_an_entry_lapses_after_three_ttls_without_a_refresh(backend, raw) -> None:
-    await backend.acquire("a", ttl_ms=300, priority=1)
-    await asyncio.sleep(0.5)
-    assert names(await backend.candidates()) == ["a"]  # under 2 ttls: still live
-    await asyncio.sleep(0.45)
+    # Each look is placed from what this process measured around the write, with a ttl of its
+    # own slack: the first past one ttl and 1.8 s before the lapse, the second after it. A 0.3 s
+    # ttl with fixed sleeps left 0.4 s for a loaded loop's lateness.
+    await backend.acquire("a", ttl_ms=1000, priority=1)
+    written_by = time.monotonic()
+    await asyncio.sleep(1.2)
+    assert names(await backend.candidates()) == ["a"]  # past one ttl, under three: still live
+    await asyncio.sleep(max(0.0, written_by + 3.05 - time.monotonic()))
     assert await backend.candidates() == []  # 3 ttls: lapsed, and pruned by that very call
     assert await raw.hlen(KEYS.candidates) == 0 and await raw.zcard(KEYS.candidate_expiry) == 0
 
@@ -237,9 +242,10 @@ async def test_a_tie_goes_to_the_greatest_identity(backend) -> None:
 
 
 async def test_a_lapsed_rival_is_not_reported(backend) -> None:
-    lease = await grant(backend, "leader", ttl_ms=1000)
+    # Only "gone" lapses: the leader's lease and "here" have ttls no loaded loop outlasts here.
+    lease = await grant(backend, "leader", ttl_ms=10_000)
     await backend.acquire("gone", ttl_ms=100, priority=9)  # lapses after 300 ms
-    await backend.acquire("here", ttl_ms=1000, priority=2)
+    await backend.acquire("here", ttl_ms=10_000, priority=2)
     await asyncio.sleep(0.35)
     renewed = await backend.renew(lease)
     assert isinstance(renewed, Renewed) and renewed.best_rival is not None
