@@ -70,6 +70,10 @@ class Run:
     report_later: bool = False
     #: The keeper exited without reporting its tree gone: the stop must find all of it alone.
     keeper_lost: bool = False
+    #: stop() sent SIGKILL while the keeper was alive and no other SIGKILL was pending on it: the
+    #: keeper is in the group it kills, so if it then dies of SIGKILL without its report, that
+    #: was our own kill (see `ChildSupervisor._watch`).
+    killed_by_stop: bool = False
     natural_exit: ChildExit | None = None
     #: The child's exit code as stop() read it through its pidfd, or as its keeper reported it
     #: with its tree gone, before asyncio reported it.

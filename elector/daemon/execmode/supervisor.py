@@ -31,7 +31,8 @@ So stopping is about the whole process tree, not the one pid we started:
 * A keeper that exits without reporting its tree gone (SIGKILLed alone, an OOM kill) leaves the
   command unwatched: its tree is killed at once (SIGKILL, no grace), whatever the caller's policy
   (`keeper_lost` in the logs, `on_keeper_lost`), before `on_exit` hears of it. The command gets
-  PR_SET_PDEATHSIG towards its keeper too, so it is usually dead already.
+  PR_SET_PDEATHSIG towards its keeper too, so it is usually dead already. A keeper that dies of
+  the stop's own SIGKILL of the group (it is a member) is not lost: `keeper_killed_by_stop`, info.
 
 Reaping: asyncio waits for the child by pid (a thread per child in Python 3.11, unless the daemon
 switched it to pidfds: `watch_children_with_pidfds`, 3.12's default), so nothing here
@@ -384,7 +385,13 @@ class ChildSupervisor:
         if run.keeper is not None:
             keeper_lost, deadline_passed = not run.keeper.tree_gone(), run.keeper.deadline_passed()
             run.keeper.close()  # the keeper is gone: nobody reads the pipe any more
-        if keeper_lost:
+        if keeper_lost and run.killed_by_stop and returncode == -signal.SIGKILL:
+            # Our own stop's SIGKILL of the group reached the keeper before it could report:
+            # not a lost keeper (no ERROR, nothing counted). The stop still follows the escaped
+            # chains itself, since the keeper no longer does.
+            run.keeper_lost = True
+            self._log.info("keeper_killed_by_stop", pid=run.pid)
+        elif keeper_lost:
             self._keeper_lost(run, returncode)
         if run.stopping:
             return

@@ -113,6 +113,11 @@ class TreeStopper:
         """Signal the tree, then each newcomer once; the pids still alive at `deadline` (or
         when a SIGTERM phase is hurried: then SIGKILL follows at once)."""
         signalled: set[int] = set()
+        if sig is signal.SIGKILL and not run.killed_by_stop:
+            # Ours only if the keeper is still alive and no other SIGKILL is on its way to it: a
+            # keeper killed alone while the daemon was frozen is found dead (or dying) here, and
+            # that loss must still be reported (supervisor.py, `_watch`).
+            run.killed_by_stop = not run.exited.is_set() and not dying(run.pid)
         run.wake.clear()  # before the look: what happens from now on wakes the wait below
         # One killpg reaches the group atomically, even members forked while we scan. Only while
         # the group's id cannot belong to a stranger: the child is not reaped yet (it holds its

@@ -77,6 +77,41 @@ async def test_the_supervisor_kills_a_lost_keepers_tree_at_once_and_reports_it(t
     assert await asyncio.wait_for(supervisor.stop(), timeout=30) is None, "reported once"
 
 
+@pytest.mark.parametrize("kill_grace_s", [0.0, 0.3], ids=["kill-now", "after-the-grace"])
+async def test_a_keeper_killed_by_our_own_stop_is_not_a_lost_keeper(
+    tmp_path: Path, kill_grace_s: float
+) -> None:
+    """The keeper is in the group the stop SIGKILLs (a `lease_expired` step-down skips the grace,
+    a command that ignores SIGTERM outlives it), so it dies before it can report its tree gone.
+    That is our kill, not a lost keeper: no ERROR, nothing counted (a loaded soak run logged one
+    and counted it, a false alarm for anyone alerting on elector_keeper_lost_total). The stop
+    still ends the whole tree."""
+    exits: list[ChildExit] = []
+    logger = CapturingLogger()
+    lost: list[int] = []
+    supervisor = ChildSupervisor(
+        ["sh", "-c", SCRIPT.format(stubborn=stubborn(tmp_path, "g"), d=tmp_path)],
+        kill_grace_s=kill_grace_s,
+        on_exit=exits.append,
+        logger=logger,
+        on_keeper_lost=lambda: lost.append(1),
+    )
+    keeper = KeeperLink(valid_until=boottime() + 3600, kill_grace_s=600.0, margin_s=600.1)
+    await supervisor.start(env={}, keeper=keeper)
+    await until(lambda: pids_in(tmp_path / "g.pid") and pids_in(tmp_path / "command.pid"), timeout_s=10)
+    [grandchild], [command] = pids_in(tmp_path / "g.pid"), pids_in(tmp_path / "command.pid")
+
+    result = await asyncio.wait_for(supervisor.stop(kill_now=kill_grace_s == 0), timeout=30)
+    await asyncio.wait_for(supervisor.settle(), timeout=30)  # the keeper's watcher has run too
+
+    assert result is not None and result.survivors == () and result.stopped_by_us
+    assert not running(grandchild) and not running(command)
+    assert lost == [] and not result.keeper_lost and exits == []
+    events = [call.args[0] for call in logger.calls if call.args]
+    assert "keeper_lost" not in events, logger.calls
+    assert "keeper_killed_by_stop" in events, logger.calls  # SIGKILL did reach it first
+
+
 @pytest.mark.usefixtures("seeded")
 @pytest.mark.parametrize("policy", ["release", "restart"])
 def test_a_keeper_killed_alone_has_its_command_killed_at_once_whatever_the_policy(
