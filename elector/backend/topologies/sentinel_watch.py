@@ -92,6 +92,8 @@ RESUBSCRIBE_MIN_S = 0.5
 RESUBSCRIBE_MAX_S = 10.0
 #: How long `aclose()` waits for its cancelled tasks before it names the ones left and goes on.
 CLOSE_WAIT_S = 5.0
+#: How long a cancellation is given before `aclose` sends it again (one can be lost).
+RECANCEL_S = 0.05
 
 Address = tuple[str, int]
 
@@ -264,13 +266,23 @@ class SentinelMasterWatcher:
 
     async def aclose(self) -> None:
         """Stop polling and listening. Bounded: a task that does not end within `CLOSE_WAIT_S` of
-        its cancellation (a client library that swallowed it) is named in the log, with where it
-        waits, and left behind, so a shutdown never hangs on it."""
+        its cancellation, sent again every `RECANCEL_S` (a client library that swallows every one),
+        is named in the log, with where it waits, and left behind, so a shutdown never hangs on it."""
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=CLOSE_WAIT_S)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CLOSE_WAIT_S
+        pending = set(tasks)
+        while pending:
+            # Sent again while a task runs on: CPython 3.11's asyncio.wait_for, which redis-py
+            # wraps around every write when there is a socket timeout, can drop a cancellation
+            # (python/cpython#86296); a listener then went back to a read with no end (CI, c27140e).
+            for task in pending:
+                task.cancel()
+            remaining_s = deadline - loop.time()
+            if remaining_s <= 0:
+                break
+            _, pending = await asyncio.wait(pending, timeout=min(RECANCEL_S, remaining_s))
+        if pending:
             for task in pending:
                 where = "; ".join(_await_chain(task))
                 logger.error(
