@@ -100,7 +100,7 @@ def test_the_tasks_report_shows_the_awaits_a_hung_task_is_suspended_in() -> None
         thread.join(10)
         loop.close()
     chain = [line for line in text.splitlines() if line.startswith("  ")]
-    names = [line.rsplit(" in ", 1)[-1] for line in chain if line.startswith("  File")]
+    names = [line.rsplit(" in ", 1)[-1] for line in chain if not line.startswith("  awaiting")]
     assert names[:2] == ["middle", "innermost_wait_here"], text
     assert "wait" in names, text  # asyncio.Event.wait, where it actually sleeps
     assert any(line.startswith("  awaiting <Future") for line in chain), text

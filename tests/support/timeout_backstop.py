@@ -38,9 +38,11 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 import pytest
+
+from elector.tasks import await_chain
 
 #: Beyond the test's own timeout: pytest-timeout's report comes first when it can fire at all.
 GRACE_S = 30.0
@@ -60,8 +62,6 @@ def timeout_of(item: pytest.Item) -> float:
 #: Before the test's own timeout (so the awaits are shown before pytest-timeout's exception unwinds
 #: them): when the running event loops' tasks are written.
 TASKS_LEAD_S = 1.0
-#: Enough for any await chain here; a cycle (never seen) must not loop the reporter.
-MAX_AWAIT_DEPTH = 64
 
 #: The directory the backstop's reports go to; inherited by the workers from the controller.
 REPORT_DIR_ENV = "ELECTOR_TEST_BACKSTOP_DIR"
@@ -103,31 +103,6 @@ def _write_report(stream: TextIO, nodeid: str, budget_s: float) -> None:
     stream.flush()
 
 
-def _await_chain(coro: Any, *, waiter: object = None) -> list[str]:
-    """Where a task's coroutine is suspended, outermost first: `Task.print_stack` shows only the
-    outermost frame (a suspended coroutine's frame has no f_back), so follow what each awaits."""
-    lines: list[str] = []
-    current = coro
-    for _ in range(MAX_AWAIT_DEPTH):
-        frame = next(
-            (f for f in (getattr(current, a, None) for a in ("cr_frame", "gi_frame", "ag_frame")) if f),
-            None,
-        )
-        if frame is not None:
-            code = frame.f_code
-            lines.append(f'  File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}')
-        awaited = next(
-            (n for n in (getattr(current, a, None) for a in ("cr_await", "gi_yieldfrom", "ag_await")) if n),
-            None,
-        )
-        if awaited is None:
-            if frame is None:  # a future's iterator, an async generator's step: say what it is
-                lines.append(f"  awaiting {waiter if waiter is not None else current!r}"[:400])
-            break
-        current = awaited
-    return lines
-
-
 def _running_loops() -> list[asyncio.AbstractEventLoop]:
     """Every running event loop of the process: the test's, and any in other threads (kopf's)."""
     loops = (obj for obj in gc.get_objects() if isinstance(obj, asyncio.AbstractEventLoop))
@@ -143,9 +118,7 @@ def describe_tasks() -> str:
         out.append(f"event loop {loop!r}: {len(tasks)} tasks")
         for task in tasks:
             out.append(f"task {task.get_name()!r} done={task.done()}")
-            # The future a task sleeps on (the awaited C iterator does not show it): a private
-            # attribute, read with a default, for a report only.
-            out.extend(_await_chain(task.get_coro(), waiter=getattr(task, "_fut_waiter", None)))
+            out.extend(f"  {where}" for where in await_chain(task))
     return "\n".join(out) + "\n"
 
 

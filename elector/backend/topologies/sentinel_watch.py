@@ -78,6 +78,7 @@ import redis.asyncio
 from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 
 from elector.backoff import Backoff
+from elector.tasks import await_chain, cancel_until_done
 
 logger = logging.getLogger(__name__)
 
@@ -269,26 +270,14 @@ class SentinelMasterWatcher:
         its cancellation, sent again every `RECANCEL_S` (a client library that swallows every one),
         is named in the log, with where it waits, and left behind, so a shutdown never hangs on it."""
         tasks, self._tasks = self._tasks, []
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + CLOSE_WAIT_S
-        pending = set(tasks)
-        while pending:
-            # Sent again while a task runs on: CPython 3.11's asyncio.wait_for, which redis-py
-            # wraps around every write when there is a socket timeout, can drop a cancellation
-            # (python/cpython#86296); a listener then went back to a read with no end (CI, c27140e).
-            for task in pending:
-                task.cancel()
-            remaining_s = deadline - loop.time()
-            if remaining_s <= 0:
-                break
-            _, pending = await asyncio.wait(pending, timeout=min(RECANCEL_S, remaining_s))
-        if pending:
-            for task in pending:
-                where = "; ".join(_await_chain(task))
-                logger.error(
-                    "sentinel master watcher: task %s did not end within %.1fs of its cancellation "
-                    "(left behind); it waits at %s", task.get_name(), CLOSE_WAIT_S, where,
-                )  # fmt: skip
+        # Sent again while a task runs on: a listener whose one cancellation 3.11's wait_for
+        # dropped went back to a read with no end (CI, c27140e; elector/tasks.py).
+        left = await cancel_until_done(tasks, within_s=CLOSE_WAIT_S, resend_s=RECANCEL_S)
+        for task in left:
+            logger.error(
+                "sentinel master watcher: task %s did not end within %.1fs of its cancellation "
+                "(left behind); it waits at %s", task.get_name(), CLOSE_WAIT_S, "; ".join(await_chain(task)),
+            )  # fmt: skip
         # Without a watcher, new connections ask the sentinels again (a stale answer must not stay).
         self._manager.followed = None
 
@@ -420,21 +409,6 @@ async def _drop_subscription(pubsub: redis.asyncio.client.PubSub, *, timeout_s: 
     with contextlib.suppress(Exception, TimeoutError):
         async with asyncio.timeout(timeout_s):
             await pubsub.aclose()  # type: ignore[no-untyped-call]
-
-
-def _await_chain(task: asyncio.Task[Any]) -> list[str]:
-    """Where a suspended task waits: each coroutine in its await chain, outermost first, then what
-    the innermost one awaits (a future, a lock's waiter). Task.get_stack() shows only the first."""
-    where: list[str] = []
-    awaited: Any = task.get_coro()
-    while awaited is not None and len(where) < 32:
-        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
-        if frame is None:
-            where.append(repr(awaited)[:200])
-            break
-        where.append(f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
-        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
-    return where
 
 
 def watch_master(
