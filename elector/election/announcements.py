@@ -12,6 +12,7 @@ Part of `Election` (machine.py), which starts `_listen` as a task and sleeps wit
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from elector.backoff import backoff_delay_s
 from elector.election.cadence import FAILURE_BACKOFF_JITTER
@@ -19,6 +20,7 @@ from elector.election.core import ElectionCore, describe_error, logger
 from elector.election.outcome import State
 from elector.election.timers import SharedTimer, StartGate, StartTurn
 from elector.lease import LeaseBackendError, LeaseEventKind
+from elector.tasks import await_chain, cancel_until_done
 
 #: A flood of announcements must not become a flood of requests.
 MIN_ATTEMPT_SPACING_S = 0.005
@@ -29,6 +31,9 @@ CLOCK_RESOLUTION_S = 1e-4
 #: as the retries of failed requests.
 RESUBSCRIBE_FIRST_S = 0.4
 RESUBSCRIBE_MAX_S = 30.0
+#: How long the end of a run waits for its listener, which is sent its cancellation again every
+#: 50 ms meanwhile, before it names it and goes on (a run's end must never hang on it).
+LISTENER_STOP_S = 5.0
 
 
 class AnnouncementListener(ElectionCore):
@@ -106,6 +111,23 @@ class AnnouncementListener(ElectionCore):
                 elif self._holder is None or event.holder.fencing_token > self._holder.fencing_token:
                     self._observe_holder(event.holder, expires_at=self._holder_expires_at)
         return run_now
+
+    async def _stop_listener(self, listener: asyncio.Task[None]) -> None:
+        """End the listener at the end of a run. Cancelled until it ends, not once: inside a
+        redis-py write (a client given by the caller, a subscribe or a keepalive PING) CPython
+        3.11's wait_for can drop the cancellation (elector/tasks.py), and the listener, which loops
+        until cancelled, would then listen on while the run waited for it for ever."""
+        # A second cancellation of the run itself ends this wait, not the run's cleanup after it.
+        with contextlib.suppress(asyncio.CancelledError):
+            left = await cancel_until_done([listener], within_s=LISTENER_STOP_S)
+            for task in left:
+                logger.error(
+                    "announcement listener did not end within %.1fs of its cancellation (left "
+                    "behind); it waits at %s", LISTENER_STOP_S, "; ".join(await_chain(task)),
+                    extra={"lock": self.lock},
+                )  # fmt: skip
+        if listener.done() and not listener.cancelled():
+            listener.exception()  # retrieved, as before; the run has ended and does not need it
 
     async def _listen(self) -> None:
         """Keep a subscription to the lock's announcements for as long as the election runs.

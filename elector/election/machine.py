@@ -206,9 +206,7 @@ class Election(SteppingDown, RoundMember):
             if turn is not None:
                 turn.end()
             if listener is not None:
-                listener.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await listener
+                await self._stop_listener(listener)
             if self._lease is not None:
                 # Cancelled while leading (a second signal, the owner gave up): the lease is not
                 # released, but leader work must still be told to stop, always.

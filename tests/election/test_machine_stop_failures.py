@@ -217,6 +217,46 @@ async def test_a_subscription_that_keeps_breaking_backs_off_more_and_more(store,
     assert follower.backend.requests["acquire"] <= 120 / (0.9 * TTL_S) + 15
 
 
+class CancellationDroppingSubscription(FakeSubscription):
+    """A link whose read drops its first cancellation, as a redis-py write inside CPython 3.11's
+    wait_for can (elector/tasks.py): the read goes on as if never cancelled."""
+
+    def __init__(self, store: FakeStore, dropped: list[float]) -> None:
+        super().__init__(store)
+        self.dropped = dropped
+
+    async def next_event(self, timeout_s: float) -> None:
+        try:
+            await asyncio.sleep(timeout_s)
+        except asyncio.CancelledError:
+            if self.dropped:
+                raise
+            self.dropped.append(now())
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            await asyncio.sleep(timeout_s)
+
+
+async def test_a_listener_that_drops_its_cancellation_does_not_hang_the_runs_end(store, runs) -> None:
+    a = Run(store, "a")
+    runs.append(a)
+    dropped: list[float] = []
+
+    async def subscribe(*, keepalive_s: float) -> FakeSubscription:
+        return CancellationDroppingSubscription(store, dropped)
+
+    a.backend.subscribe = subscribe  # type: ignore[method-assign]
+    await asyncio.sleep(1.5)
+    a.election.stop()
+    stopped_at = now()
+    # Cancelled once and awaited, the listener would listen on and the run would never end.
+    await asyncio.wait_for(a.task, timeout=30)
+    assert len(dropped) == 1
+    # Virtual time: the one sent again 50 ms later ended it (the old code waited out the 30 s).
+    assert now() - stopped_at < 1.0
+    assert OutcomeKind.RELEASED in a.kinds()
+    assert a.election.status().state is State.STOPPED
+
+
 async def test_suspended_time_ends_the_validity_at_once() -> None:
     store = FakeStore()
     suspended_s = [0.0]
