@@ -92,9 +92,17 @@ async def test_a_listener_cancelled_on_a_live_subscription_ends_without_the_libr
     # A real server stands in for the sentinels: SUBSCRIBE works on any Redis, so the listeners
     # hold live subscriptions (the polls fail, as SENTINEL is unknown to it, and log that).
     release = asyncio.Event()
+    closing = asyncio.Event()
     closes: list[str] = []
+    library_close = redis.asyncio.client.PubSub.aclose
 
     async def stubborn_close(self: redis.asyncio.client.PubSub) -> None:
+        if not closing.is_set():
+            # A subscribe that failed before the close (a timeout at load 8, loaded run #27)
+            # closes as the library does, then retries: stubborn here, it hung the listener and
+            # it never subscribed.
+            await library_close(self)  # type: ignore[no-untyped-call]
+            return
         closes.append("aclose")
         while not release.is_set():  # swallows every cancellation, as in the loaded runs
             with contextlib.suppress(asyncio.CancelledError):
@@ -113,6 +121,7 @@ async def test_a_listener_cancelled_on_a_live_subscription_ends_without_the_libr
         while await _subscribers(redis_server.port) <= subscribers_before:
             assert time.monotonic() < deadline, "the listener never subscribed"
             await asyncio.sleep(0.05)
+        closing.set()
         with caplog.at_level(logging.ERROR, logger=sentinel_watch.__name__):
             await asyncio.wait_for(watcher.aclose(), timeout=30)
         assert not [r for r in caplog.records if "did not end" in r.getMessage()]
