@@ -31,8 +31,8 @@ CLOCK_RESOLUTION_S = 1e-4
 #: as the retries of failed requests.
 RESUBSCRIBE_FIRST_S = 0.4
 RESUBSCRIBE_MAX_S = 30.0
-#: How long the end of a run waits for its listener, which is sent its cancellation again every
-#: 50 ms meanwhile, before it names it and goes on (a run's end must never hang on it).
+#: How long the end of a run waits for its listener, which is sent its cancellation again
+#: meanwhile, before it names it and goes on (a run's end must never hang on it).
 LISTENER_STOP_S = 5.0
 
 
@@ -118,8 +118,12 @@ class AnnouncementListener(ElectionCore):
         3.11's wait_for can drop the cancellation (elector/tasks.py), and the listener, which loops
         until cancelled, would then listen on while the run waited for it for ever."""
         # A second cancellation of the run itself ends this wait, not the run's cleanup after it.
+        # Sent again only after a request timeout: sooner, it could cut short the listener's
+        # close of its subscription (its `finally`), which a loaded loop can take a while to run.
         with contextlib.suppress(asyncio.CancelledError):
-            left = await cancel_until_done([listener], within_s=LISTENER_STOP_S)
+            left = await cancel_until_done(
+                [listener], within_s=LISTENER_STOP_S, resend_s=self._timing.request_timeout_s
+            )
             for task in left:
                 logger.error(
                     "announcement listener did not end within %.1fs of its cancellation (left "
