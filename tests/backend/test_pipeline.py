@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -191,7 +192,17 @@ async def test_a_failing_connection_fails_only_the_callers_of_its_batch(
     assert all(isinstance(e, redis.exceptions.TimeoutError) for e in failed), failed
     assert len({id(e) for e in failed}) == 5  # each caller has its own exception
     tcp_proxy.restore()
-    replies = await asyncio.gather(*(batcher.run_script(script, args=[str(i)]) for i in range(5)))
+    # The timeouts dropped the connection: the next batch reconnects within the same 0.3 s,
+    # handshake included, which a loaded machine can miss (as in test_redis_lease.py's adoption
+    # test, `make test-loaded` #32). Timeouts retried within a hang bound; any other error fails.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            replies = await asyncio.gather(*(batcher.run_script(script, args=[str(i)]) for i in range(5)))
+            break
+        except redis.exceptions.TimeoutError:
+            if time.monotonic() > deadline:
+                raise
     assert replies == [str(i).encode() for i in range(5)]
 
 

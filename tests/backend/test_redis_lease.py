@@ -339,7 +339,17 @@ async def test_an_acquire_whose_answer_was_lost_is_adopted_on_retry(
     assert info.value.kind is BackendErrorKind.TIMEOUT
     stored = json.loads(await raw.get("elector:{jobs}:lease"))
     tcp_proxy.restore()
-    adopted = await grant(backend, "a")
+    # The timeout dropped the connection: the retry reconnects through the proxy within the same
+    # 0.2 s, handshake included, which at load 8 once timed out too (`make test-loaded` #32).
+    # Retried on timeouts as the election would, within a hang bound; what it adopts is the point.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            adopted = await grant(backend, "a")
+            break
+        except LeaseBackendError as exc:
+            if exc.kind is not BackendErrorKind.TIMEOUT or time.monotonic() > deadline:
+                raise
     assert adopted.lease.fencing_token == stored["fencing_token"]
     assert json.loads(adopted.lease.value) == stored
     assert isinstance(await backend.renew(adopted.lease), Renewed)
