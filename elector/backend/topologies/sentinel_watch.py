@@ -93,8 +93,6 @@ RESUBSCRIBE_MIN_S = 0.5
 RESUBSCRIBE_MAX_S = 10.0
 #: How long `aclose()` waits for its cancelled tasks before it names the ones left and goes on.
 CLOSE_WAIT_S = 5.0
-#: How long a cancellation is given before `aclose` sends it again (one can be lost).
-RECANCEL_S = 0.05
 
 Address = tuple[str, int]
 
@@ -267,12 +265,13 @@ class SentinelMasterWatcher:
 
     async def aclose(self) -> None:
         """Stop polling and listening. Bounded: a task that does not end within `CLOSE_WAIT_S` of
-        its cancellation, sent again every `RECANCEL_S` (a client library that swallows every one),
-        is named in the log, with where it waits, and left behind, so a shutdown never hangs on it."""
+        its cancellation, sent again every `elector.tasks.RESEND_S` (a client library that
+        swallows every one), is named in the log, with where it waits, and left behind, so a
+        shutdown never hangs on it."""
         tasks, self._tasks = self._tasks, []
         # Sent again while a task runs on: a listener whose one cancellation 3.11's wait_for
         # dropped went back to a read with no end (CI, c27140e; elector/tasks.py).
-        left = await cancel_until_done(tasks, within_s=CLOSE_WAIT_S, resend_s=RECANCEL_S)
+        left = await cancel_until_done(tasks, within_s=CLOSE_WAIT_S)
         for task in left:
             logger.error(
                 "sentinel master watcher: task %s did not end within %.1fs of its cancellation "
