@@ -1,4 +1,6 @@
-"""`cancel_and_wait` ends a task that lost a cancellation, as 3.11's wait_for loses them."""
+"""`cancel_and_wait`'s own behaviour: a task that never ends fails the test, naming where it waits.
+
+That it ends a task which lost a cancellation is `cancel_until_done`'s (tests/test_tasks.py)."""
 
 from __future__ import annotations
 
@@ -7,25 +9,6 @@ import asyncio
 import pytest
 
 from tests.support.cancel import cancel_and_wait
-
-
-async def test_a_task_that_drops_a_cancellation_is_cancelled_again() -> None:
-    dropped: list[int] = []
-
-    async def drops_the_first() -> None:
-        while True:
-            try:
-                await asyncio.sleep(1)
-            except asyncio.CancelledError:
-                if dropped:
-                    raise
-                dropped.append(1)  # what wait_for does on 3.11: the cancellation is gone
-                asyncio.current_task().uncancel()  # type: ignore[union-attr]
-
-    task = asyncio.create_task(drops_the_first())
-    await asyncio.sleep(0)
-    await asyncio.wait_for(cancel_and_wait(task), timeout=10)
-    assert task.cancelled() and dropped == [1]
 
 
 async def test_a_task_that_never_ends_is_reported() -> None:

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio
@@ -16,6 +17,22 @@ import redis.asyncio.client
 from elector.backend import RedisSettings, make_client
 from elector.backend.topologies import sentinel_watch
 from elector.backend.topologies.sentinel_watch import SentinelMasterWatcher, watch_master
+
+
+@contextlib.asynccontextmanager
+async def _watcher_on_absent_sentinels() -> AsyncIterator[SentinelMasterWatcher]:
+    """A started watcher on Sentinels that are not there (ports 1 and 2 refuse): its listeners
+    retry with a back-off and end when cancelled; what the test stubbed is what it closes."""
+    url = "redis+sentinel://127.0.0.1:1,127.0.0.1:2/mymaster"
+    client = make_client(RedisSettings(url=url, request_timeout_s=0.2))
+    try:
+        watcher = watch_master(client, poll_interval_s=0.05, request_timeout_s=0.2)
+        assert watcher is not None
+        watcher.start()
+        await asyncio.sleep(0.05)
+        yield watcher
+    finally:
+        await client.aclose()
 
 
 async def test_a_task_that_swallows_its_cancellation_is_named_and_left_behind(
@@ -30,27 +47,19 @@ async def test_a_task_that_swallows_its_cancellation_is_named_and_left_behind(
 
     monkeypatch.setattr(SentinelMasterWatcher, "_poll_loop", stubborn)
     monkeypatch.setattr(sentinel_watch, "CLOSE_WAIT_S", 0.3)
-    # Sentinels that are not there (ports 1 and 2 refuse): the listeners retry with a back-off
-    # and end when cancelled.
-    url = "redis+sentinel://127.0.0.1:1,127.0.0.1:2/mymaster"
-    client = make_client(RedisSettings(url=url, request_timeout_s=0.2))
-    watcher = watch_master(client, poll_interval_s=0.05, request_timeout_s=0.2)
-    assert watcher is not None
-    watcher.start()
-    await asyncio.sleep(0.05)
-    try:
-        with caplog.at_level(logging.ERROR, logger=sentinel_watch.__name__):
-            started = time.monotonic()
-            await asyncio.wait_for(watcher.aclose(), timeout=30)  # a hang bound, not a speed
-            took = time.monotonic() - started
-        [record] = [r for r in caplog.records if "did not end" in r.getMessage()]
-        assert "elector:sentinel-watch:mymaster" in record.getMessage()
-        assert "test_sentinel_watch_close.py" in record.getMessage()  # where it waits
-        assert took >= 0.3  # it did wait for the task first
-    finally:
-        release.set()
-        await asyncio.sleep(0)
-        await client.aclose()
+    async with _watcher_on_absent_sentinels() as watcher:
+        try:
+            with caplog.at_level(logging.ERROR, logger=sentinel_watch.__name__):
+                started = time.monotonic()
+                await asyncio.wait_for(watcher.aclose(), timeout=30)  # a hang bound, not a speed
+                took = time.monotonic() - started
+            [record] = [r for r in caplog.records if "did not end" in r.getMessage()]
+            assert "elector:sentinel-watch:mymaster" in record.getMessage()
+            assert "test_sentinel_watch_close.py" in record.getMessage()  # where it waits
+            assert took >= 0.3  # it did wait for the task first
+        finally:
+            release.set()
+            await asyncio.sleep(0)
 
 
 async def test_a_task_that_loses_one_cancellation_is_cancelled_again_and_ends(
@@ -71,19 +80,11 @@ async def test_a_task_that_loses_one_cancellation_is_cancelled_again_and_ends(
                 asyncio.current_task().uncancel()  # type: ignore[union-attr]
 
     monkeypatch.setattr(SentinelMasterWatcher, "_poll_loop", loses_the_first)
-    url = "redis+sentinel://127.0.0.1:1,127.0.0.1:2/mymaster"
-    client = make_client(RedisSettings(url=url, request_timeout_s=0.2))
-    watcher = watch_master(client, poll_interval_s=0.05, request_timeout_s=0.2)
-    assert watcher is not None
-    watcher.start()
-    await asyncio.sleep(0.05)
-    try:
+    async with _watcher_on_absent_sentinels() as watcher:
         with caplog.at_level(logging.ERROR, logger=sentinel_watch.__name__):
             await asyncio.wait_for(watcher.aclose(), timeout=30)  # a hang bound, not a speed
         assert lost == [1]
         assert not [r for r in caplog.records if "did not end" in r.getMessage()]
-    finally:
-        await client.aclose()
 
 
 async def test_a_listener_cancelled_on_a_live_subscription_ends_without_the_librarys_close(
