@@ -22,6 +22,11 @@ from tests.support.daemon import DaemonProcess, wait_until
 
 SECRET = "hunter2-not-for-output"
 KEYS = LockKeys("jobs")
+# The daemons hold 2 s leases, not the harness's 1 s: each test's premise is that "a" leads until
+# the handoff (or, refused, throughout), across an `elector handoff` child's start-up of seconds
+# at a load average of 8; at 1 s a stall there can lapse a's lease (as in test_identity_clash.py),
+# and a lapse is not a handoff. A handoff itself does not wait for the ttl.
+TTL = "2s"
 
 
 @pytest.fixture(autouse=True)
@@ -52,9 +57,9 @@ def leader_of(*daemons: DaemonProcess) -> DaemonProcess:
 
 
 def test_handoff_to_a_named_candidate(redis_url, daemon, seeded) -> None:
-    a = daemon("a")
+    a = daemon("a", ttl=TTL)
     wait_until(a.is_leader, timeout_s=5)
-    b, c = daemon("b"), daemon("c")
+    b, c = daemon("b", ttl=TTL), daemon("c", ttl=TTL)
     wait_until(lambda: {"b", "c"} <= {n.decode() for n in seeded.hkeys(KEYS.candidates)}, timeout_s=5)
     started = time.monotonic()
     result = handoff(redis_url, "--to", "c")
@@ -74,9 +79,9 @@ def test_handoff_to_a_named_candidate(redis_url, daemon, seeded) -> None:
 
 
 def test_handoff_to_anyone_else(redis_url, daemon, seeded) -> None:
-    a = daemon("a")
+    a = daemon("a", ttl=TTL)
     wait_until(a.is_leader, timeout_s=5)
-    b = daemon("b")
+    b = daemon("b", ttl=TTL)
     wait_until(lambda: seeded.hexists(KEYS.candidates, "b"), timeout_s=5)
     result = handoff(redis_url)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -86,9 +91,9 @@ def test_handoff_to_anyone_else(redis_url, daemon, seeded) -> None:
 
 
 def test_repeated_handoffs_move_the_lease_back_and_forth(redis_url, daemon, seeded) -> None:
-    a = daemon("a")
+    a = daemon("a", ttl=TTL)
     wait_until(a.is_leader, timeout_s=5)
-    b = daemon("b")
+    b = daemon("b", ttl=TTL)
     wait_until(lambda: seeded.hexists(KEYS.candidates, "b"), timeout_s=5)
     for target in ("b", "a", "b"):
         result = handoff(redis_url, "--to", target, "--timeout", "10s")
@@ -98,9 +103,9 @@ def test_repeated_handoffs_move_the_lease_back_and_forth(redis_url, daemon, seed
 
 
 def test_a_target_that_never_comes_times_out_and_the_election_goes_on(redis_url, daemon, seeded) -> None:
-    a = daemon("a")
+    a = daemon("a", ttl=TTL)
     wait_until(a.is_leader, timeout_s=5)
-    b = daemon("b")
+    b = daemon("b", ttl=TTL)
     wait_until(lambda: seeded.hexists(KEYS.candidates, "b"), timeout_s=5)
     # A registered candidate that will never contend: the handoff cannot complete.
     _register(redis_url, "ghost")
@@ -113,9 +118,9 @@ def test_a_target_that_never_comes_times_out_and_the_election_goes_on(redis_url,
 
 
 def test_status_lists_the_running_daemons_as_candidates(redis_url, daemon, seeded) -> None:
-    a = daemon("a", "--priority", "3")
+    a = daemon("a", "--priority", "3", ttl=TTL)
     wait_until(a.is_leader, timeout_s=5)
-    b = daemon("b", "--priority", "1")
+    b = daemon("b", "--priority", "1", ttl=TTL)
     wait_until(lambda: seeded.hexists(KEYS.candidates, "b"), timeout_s=5)
 
     def listed() -> list[tuple[str, int]]:
@@ -132,9 +137,9 @@ def test_status_lists_the_running_daemons_as_candidates(redis_url, daemon, seede
 
 
 def test_an_unknown_target_is_refused_with_the_live_candidates(redis_url, daemon, seeded) -> None:
-    a = daemon("a")
+    a = daemon("a", ttl=TTL)
     wait_until(a.is_leader, timeout_s=5)
-    daemon("b")
+    daemon("b", ttl=TTL)
     wait_until(lambda: seeded.hexists(KEYS.candidates, "b"), timeout_s=5)
     result = handoff(redis_url, "--to", "nobody")
     assert result.returncode == 1

@@ -92,18 +92,25 @@ def test_one_daemon_holds_a_hundred_locks_with_its_own_series_endpoint_and_file_
     assert document["is_leader"] is False and document["state"] == "stopped"
 
 
+PRIORITY_TTL_S = 2.0
+PRIORITY_TTL = "2s"
+
+
 def test_a_higher_priority_candidate_takes_over_once_and_leadership_never_flaps(daemon, plain) -> None:
     seed_used_lock(plain)
-    low = daemon("low", "--priority", "1")
+    # 2 s leases: the premise is one leader at a time for about 10 s (transitions == 1 below), and
+    # at 1 s a stall at a load average of 8 (make test-loaded) can lapse a lease (as it did in
+    # test_identity_clash.py); a lapse is a second transition, not a pre-emption.
+    low = daemon("low", "--priority", "1", ttl=PRIORITY_TTL)
     wait_until(low.is_leader, timeout_s=10)
-    equal = daemon("equal", "--priority", "1")
+    equal = daemon("equal", "--priority", "1", ttl=PRIORITY_TTL)
     time.sleep(2.5)
     assert low.is_leader() and not equal.is_leader()  # equal priority never pre-empts
     joined = time.monotonic()
-    high = daemon("high", "--priority", "5")
+    high = daemon("high", "--priority", "5", ttl=PRIORITY_TTL)
     wait_until(high.is_leader, timeout_s=15)
     # Seen for a whole ttl first (plus up to a renew interval and start-up).
-    assert time.monotonic() - joined >= 1.0
+    assert time.monotonic() - joined >= PRIORITY_TTL_S
     time.sleep(4.0)
     assert high.is_leader() and not low.is_leader() and not equal.is_leader()
     transitions = re.findall(r'^elector_leader_transitions_total\{lock="jobs"\} (\S+)$', high.metrics(), re.M)

@@ -101,9 +101,11 @@ def daemon(daemon: DaemonStarter, work: Path) -> Iterator[Callable[..., DaemonPr
 
 
 def test_the_command_runs_only_on_the_leader_with_the_lease_in_its_environment(daemon, seeded, work) -> None:
-    a = daemon("a")
+    # 2 s leases: the premise is that a leads throughout (one journal entry); at 1 s a stall at a
+    # load average of 8 can lapse a's lease, and b's command would start from a lapse, not a bug.
+    a = daemon("a", ttl="2s")
     wait_until(a.is_leader, timeout_s=3)
-    b = daemon("b")
+    b = daemon("b", ttl="2s")
     wait_until(lambda: len(pids(work, "a")) == 2, timeout_s=3)
     time.sleep(1.5)
     assert all(alive(pid) for pid in pids(work, "a"))
@@ -111,7 +113,7 @@ def test_the_command_runs_only_on_the_leader_with_the_lease_in_its_environment(d
     (entry,) = journal(work)
     leader = a.leader()
     assert leader is not None
-    assert entry == ["start", "a", str(leader["fencing_token"]), "1000", "jobs"]
+    assert entry == ["start", "a", str(leader["fencing_token"]), "2000", "jobs"]
     assert not b.is_leader()
 
 
