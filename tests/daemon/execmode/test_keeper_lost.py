@@ -24,8 +24,9 @@ from structlog.testing import CapturingLogger
 from elector.daemon.execmode.keeper import boottime
 from elector.daemon.execmode.keeper_link import KeeperLink
 from elector.daemon.execmode.supervisor import ChildExit, ChildSupervisor
-from tests.daemon.execmode.test_keeper import pids_in, running, stubborn, terms
+from tests.daemon.execmode.test_keeper import pids_in, stubborn, terms
 from tests.daemon.execmode.test_keeper_two_faults import CHAIN, CHAIN_LENGTH, leaf_writes
+from tests.daemon.execmode.test_supervisor import running
 from tests.support.daemon import DaemonStarter, wait_until
 from tests.support.waiting import until
 

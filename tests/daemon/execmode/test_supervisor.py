@@ -33,6 +33,7 @@ from elector.daemon.execmode.supervisor import (
     ChildSupervisor,
     stop_budget_s,
 )
+from elector.daemon.execmode.treestop import dying
 from tests.support.waiting import until
 
 REPO = Path(__file__).resolve().parents[3]
@@ -51,7 +52,11 @@ def state(pid: int) -> str | None:
 
 
 def running(pid: int) -> bool:
-    return state(pid) not in (None, "Z")
+    """Whether `pid` can still run its own code: not gone, a zombie, exiting or with a SIGKILL
+    pending (treestop.dying), which is all a stop promises. On a loaded machine a SIGKILLed
+    process can stay in the table past stop()'s reap slack, and is then no survivor (loaded run
+    #35 saw one still there after stop() returned)."""
+    return not dying(pid)
 
 
 def complete_lines(path: Path) -> list[int]:
@@ -353,7 +358,9 @@ async def test_kill_now_skips_the_grace(tmp_path: Path, exits: list[ChildExit]) 
         assert result.survivors == (pid,), result
         await until(lambda: not running(pid), timeout_s=10)
     else:
-        assert result.signal == signal.SIGKILL and not running(pid), result
+        # No signal when the SIGKILL reached the child but its exit was not seen by the slack's
+        # end (dying, so no survivor: see running()).
+        assert result.signal in (signal.SIGKILL, None) and not running(pid), result
     assert not (tmp_path / "terms").exists(), "no SIGTERM first"
     assert elapsed_s < 10.0, "not the 30 s grace"
 
@@ -411,6 +418,7 @@ from pathlib import Path
 from elector.daemon.execmode.supervisor import (
     AwaitedChildren, ChildSupervisor, OrphanReaper, become_subreaper,
 )
+from elector.daemon.execmode.treestop import dying
 
 TMP = Path(sys.argv[2])
 #: One registry for the process, as the daemon wires it: the reaper never takes the supervisor's.
@@ -459,6 +467,7 @@ async def escaped_daemon():
     result = await supervisor.stop()
     elapsed_s = time.monotonic() - started
     daemon_stat = stat(daemon)
+    dying_after = dying(daemon)
     # A survivor stop() reported (SIGKILLed, still runnable after the slack on a loaded machine)
     # must die of it soon: we are its subreaper, so reap it here once it is a zombie.
     def gone():
@@ -466,7 +475,8 @@ async def escaped_daemon():
             os.waitpid(daemon, os.WNOHANG)
         return stat(daemon) is None
     return dict(subreaper=subreaper, reparented=reparented, left_session=left_session, elapsed_s=elapsed_s,
-                daemon=daemon, daemon_stat=daemon_stat, gone_after=await until(gone), signal=result.signal,
+                daemon=daemon, daemon_stat=daemon_stat, dying_after=dying_after, gone_after=await until(gone),
+                signal=result.signal,
                 survivors=list(result.survivors), exits=len(exits))
 
 
@@ -571,15 +581,18 @@ def test_a_daemon_that_escaped_the_session_is_killed_and_reaped(tmp_path: Path) 
     found = run_scenario("escaped_daemon", tmp_path)
 
     assert found["subreaper"] and found["reparented"] and found["left_session"]
-    # Killed, and reaped: no zombie left. Or, on a loaded machine, still runnable after SIGKILL
-    # when stop()'s reap slack (0.1 s) ran out: then stop() must report it as a survivor (which
-    # withholds the release: the lease lapses instead), and it must die of the SIGKILL soon after.
-    # Both outcomes are safe; a kill that did not happen, or a survivor not reported, fails.
+    # Killed, and reaped: no zombie left. Or, on a loaded machine, still there when stop()'s reap
+    # slack (0.1 s) ran out: then stop() reports it as a survivor (which withholds the release:
+    # the lease lapses instead) unless the SIGKILL already reached it (pending, exiting, a zombie:
+    # treestop.dying, so it can never run its own code again), and it must die of the SIGKILL soon
+    # after. Each outcome is safe; a kill that did not happen, or a live process not reported, fails.
+    # (Loaded run #35: still there, dying, not reported; the test predated treestop.dying.)
     if found["daemon_stat"] is None:
         assert found["survivors"] == []
     else:
-        assert found["survivors"] == [found["daemon"]], found
-        assert found["gone_after"], "a reported survivor that the SIGKILL did not end"
+        reported, was_dying = found["survivors"] == [found["daemon"]], found["dying_after"]
+        assert reported or (found["survivors"] == [] and was_dying), found
+        assert found["gone_after"], "a process still there after stop() that the SIGKILL did not end"
     assert GRACE_S - 0.02 <= found["elapsed_s"] <= stop_budget_s(GRACE_S) + NOISE_S, "it ignored TERM"
     assert found["signal"] == signal.SIGTERM
     assert found["exits"] == 0
