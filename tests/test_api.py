@@ -33,7 +33,10 @@ from tests.support.seed import seed_used_lock_async
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import until
 
-TTL_S = 1.0
+# 2 s, not 1 s: most tests here state one unbroken term (a leads until it is preempted, shut down,
+# tampered with or cut); at 1 s a renewal's 0.15 s request timed out at load 8 (loaded run #36)
+# and ended the term at its renew deadline first. Bounds below derive from the ttl.
+TTL_S = 2.0
 LOCK = "jobs"
 OTHER_LOCK = "reports"
 KEY = f"elector:{{{LOCK}}}:lease"
@@ -114,8 +117,9 @@ class Body:
         return info.value
 
 
-async def wait_entered(*bodies: Body, timeout_s: float = 3.0) -> Body:
-    """The first of `bodies` to enter its block."""
+async def wait_entered(*bodies: Body, timeout_s: float = 10.0) -> Body:
+    """The first of `bodies` to enter its block (`timeout_s` bounds a hang; how soon is asserted
+    where it matters)."""
     async with asyncio.timeout(timeout_s):
         while True:
             for body in bodies:
@@ -189,7 +193,7 @@ async def test_a_leader_cut_from_redis_is_cancelled_before_its_key_expires(
     await asyncio.sleep(0.4)
     tcp_proxy.blackhole()
     lost = await leader.lost()
-    await wait_entered(follower, timeout_s=2)
+    await wait_entered(follower)
     watcher.cancel()
     assert lost.reason is StepDownReason.RENEW_DEADLINE
     key_expired_at = max(expiries)
@@ -226,7 +230,7 @@ async def test_a_step_down_waits_for_the_body_up_to_stop_work_s(
     # Never beside the old body: the successor starts only once it unwound, either way.
     assert leader.unwound_at < follower.entered_at
     if waited:  # released once the body was done, and handed over at once
-        # A lapsed lease would take at least ttl - renew interval (0.7 s); half the ttl leaves a
+        # A lapsed lease would take at least ttl - renew interval (1.4 s); half the ttl leaves a
         # loaded machine room and still tells a release from a lapse.
         assert follower.entered_at < leader.unwound_at + a.timing.ttl_s / 2
         assert a.releases_withheld == 0
@@ -267,7 +271,7 @@ async def test_a_body_that_returns_resigns_and_the_other_elector_takes_over(spaw
     async with asyncio.timeout(2):
         await first.task  # returns after the release went out
     assert not a.is_leader
-    await wait_entered(second, timeout_s=TTL_S)
+    await wait_entered(second)
     # The release announcement, not the ttl: a lapse would take at least ttl - renew interval.
     assert second.entered_at - first.exited_at < TTL_S / 2
     assert first.lease is not None and second.lease is not None
@@ -286,7 +290,7 @@ async def test_a_higher_priority_elector_preempts_the_leaders_body(spawn, make) 
     lost = await leader.lost()
     await wait_entered(rival)
     assert lost.reason is StepDownReason.PREEMPTED
-    # Released to the rival at once: a lapse would take at least ttl - renew interval (0.7 s).
+    # Released to the rival at once: a lapse would take at least ttl - renew interval (1.4 s).
     assert rival.entered_at - leader.cancelled_at < TTL_S / 2
     assert leader.lease is not None and rival.lease is not None
     assert rival.lease.fencing_token > leader.lease.fencing_token
