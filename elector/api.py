@@ -20,14 +20,9 @@ body (and the `on_stopped_leading` callback), up to `stop_work_s` (part of the s
 the lease is ours while it unwinds.
 
 The lease is never released while a body still runs. A body still unwinding after `stop_work_s`
-(a `finally` that awaits a slow cleanup, a coroutine that swallows the cancellation) makes the
-step-down withhold the release: the lease is left to lapse on Redis by its ttl, an error is
-logged, `Elector.releases_withheld` goes up by one (and `elector_release_withheld_total{lock}` on
-the `registry` passed in), and this Elector does not contend again until that body has exited
-(`status().waiting_for_own_work`, `elector_waiting_for_own_work{lock}`), nor before the lease
-could have lapsed: it never leads beside its own late body. A successor is then granted the
-lease one ttl after the last renewal instead of at once. A body that runs on past even that is
-beyond what a lease can fence off in time: only the fencing token protects the resource then.
+makes the step-down withhold the release (the lease lapses on Redis by its ttl; logged, counted
+in `releases_withheld`), and this Elector does not contend again until that body has exited, nor
+before the lease could have lapsed: it never leads beside its own late body (docs/library.md).
 
 Cancellation reaches coroutines only. Threads the body started (`asyncio.to_thread`,
 `run_in_executor`, a thread pool) and processes it spawned are NOT stopped by it and may keep
@@ -62,7 +57,15 @@ from prometheus_client import CollectorRegistry
 
 from elector.api_callbacks import CallbackRunner
 from elector.api_connections import open_connections
-from elector.api_errors import LeadershipLost, LeadershipTimeout, LeaderWorkNotStopped, not_running_message
+from elector.api_errors import (
+    ForkedElectorError,
+    LeadershipLost,
+    LeadershipTimeout,
+    LeaderWorkNotStopped,
+    ProcessBound,
+    not_running_message,
+    refuse_pickling,
+)
 from elector.api_late_work import LateWork
 from elector.api_logs import ElectionLog, waiting_for_own_work_gauge
 from elector.api_params import (
@@ -105,6 +108,7 @@ from elector.metrics import ElectionMetrics, MetricFamilies
 __all__ = [
     "Elector",
     "ElectorConfigError",
+    "ForkedElectorError",
     "LeaderWorkNotStopped",
     "Leadership",
     "LeadershipLost",
@@ -167,6 +171,8 @@ class Elector:
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.lock = checked("lock", check_lock_name, lock)
+        #: Used only in this process: a fork's copy is refused (see api_errors.ForkedElectorError).
+        self._process = ProcessBound(lock=self.lock, what="Elector")
         identity = default_library_identity() if identity is None else identity
         self.identity = checked("identity", check_identity, identity)
         self.timing = build_timing(
@@ -201,11 +207,16 @@ class Elector:
         self._term: Leadership | None = None
         self._reported_leader: str | None = None
         self._term_started = asyncio.Event()  # set while a term is active, and once closing
+        #: Set (and replaced) at each outcome of the election: something may have changed.
+        self._news = asyncio.Event()
         self._closing = False
         self._closed = asyncio.Event()
         self._log = ElectionLog(lock=self.lock, identity=self.identity, ttl_s=self.timing.ttl_s)
         #: Bodies (and the stop callback) of ended terms that outlived stop_work_s, still running.
         self._late_work = LateWork(lock=self.lock, identity=self.identity)
+
+    def __reduce_ex__(self, protocol: object) -> tuple[object, ...]:
+        raise refuse_pickling("Elector", self.lock)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -220,6 +231,7 @@ class Elector:
 
     async def start(self) -> None:
         """Start contending in a task of the running loop."""
+        self._process.check()
         if self._election is not None:
             raise RuntimeError(f"the Elector of lock {self.lock!r} was already started")
         if self._registry is not None:
@@ -278,6 +290,7 @@ class Elector:
 
     async def aclose(self) -> None:
         """Stop leader work, release a held lease, run the last callbacks (if cancelled: no release)."""
+        self._process.check()  # a fork's copy must never release the parent's lease
         if self._election is None or self._task is None or self._callbacks is None:
             return
         if self._closing:
@@ -310,9 +323,11 @@ class Elector:
 
     @property
     def is_leader(self) -> bool:
+        self._process.check()
         return self._election is not None and self._election.status().is_leader
 
     def status(self) -> ElectionStatus:
+        self._process.check()
         if self._election is None:
             raise RuntimeError(f"the Elector of lock {self.lock!r} is not started")
         return self._election.status()
@@ -323,16 +338,28 @@ class Elector:
 
         `timeout`: seconds; `LeadershipTimeout` (a TimeoutError) after that, saying whether Redis
         was reached at all. The Elector keeps contending.
+
+        Only a live term is returned (active, with validity left), and the loop gets a turn
+        first: a caller re-entering after a body that blocked the loop past the ttl lets the
+        election step down instead of being handed the ended term again and again.
         """
+        self._process.check()
         timeout_s = checked_timeout(timeout)
         try:
             async with asyncio.timeout(timeout_s):
+                await asyncio.sleep(0)
                 while True:
                     if self._task is None or self._closing or self._task.done():
                         raise RuntimeError(self._not_running())
-                    if self._term is not None and self._term.active:
-                        return self._term
-                    await self._term_started.wait()
+                    term = self._term
+                    if term is None or not term.active:
+                        await self._term_started.wait()
+                    elif term.remaining() > 0.0:
+                        return term
+                    else:
+                        # Active to the election, over by the clock: it has not had the loop
+                        # since. Its next outcome steps down, or renews in time after all.
+                        await self._news.wait()
         except TimeoutError:
             assert timeout_s is not None
             holder = self._election.status().holder if self._election is not None else None
@@ -354,6 +381,7 @@ class Elector:
         and no contending for `stand_back_s` (default: one ttl, so every follower gets its turn).
         `timeout` bounds the wait to lead (`LeadershipTimeout`), never the body.
         """
+        self._process.check()
         stand_back_s = checked_stand_back(stand_back_s)
         checked_timeout(timeout)
         return LeadershipScope(
@@ -392,6 +420,8 @@ class Elector:
     # -- election hooks (run in the election's task) -------------------------------------------
 
     def _outcome(self, outcome: CycleOutcome) -> None:
+        news, self._news = self._news, asyncio.Event()
+        news.set()
         if outcome.kind is OutcomeKind.RELEASE_WITHHELD:
             self.releases_withheld += 1
             self._late_work.lease_lapses_in((outcome.remaining_ms or 0) / 1000)
@@ -413,7 +443,7 @@ class Elector:
     async def _started_leading(self, lease: Lease) -> None:
         assert self._election is not None
         assert self._callbacks is not None
-        self._term = term = Leadership(lease, status=self._election.status)
+        self._term = term = Leadership(lease, status=self._election.status, process=self._process)
         self._term_started.set()
         if self._on_started_leading is not None:
             self._callbacks.submit("on_started_leading", self._on_started_leading, term)
