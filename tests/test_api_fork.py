@@ -65,7 +65,8 @@ def test_a_forked_child_is_refused_the_parents_sync_elector(redis_url: str, tmp_
                 child.kill()
                 child.join()
             found = _child_journal(journal)
-            assert set(found) == {"is_leader", "status", "leadership", "wait_for_leadership", "check", "close"}
+            calls = {"is_leader", "status", "leadership", "wait_for_leadership", "check", "close"}
+            assert set(found) == calls
             for name, (took_s, result) in found.items():
                 assert result.startswith("ForkedElectorError: "), (name, result)
                 assert "fork" in result and "post_fork" in result and "worker_process_init" in result
@@ -79,12 +80,11 @@ def test_a_forked_child_is_refused_the_parents_sync_elector(redis_url: str, tmp_
 
 
 async def _async_child(e: elector.Elector, journal: str) -> None:
-    with open(journal, "w") as out:
-        try:
-            await e.wait_for_leadership(timeout=3)
-            out.write("led")
-        except Exception as exc:
-            out.write(f"{type(exc).__name__}: {exc}")
+    try:
+        await e.wait_for_leadership(timeout=3)
+        Path(journal).write_text("led")
+    except Exception as exc:
+        Path(journal).write_text(f"{type(exc).__name__}: {exc}")
 
 
 def _run_async_child(e: elector.Elector, journal: str) -> None:
@@ -111,7 +111,7 @@ def test_an_elector_and_its_term_refuse_pickling_with_the_same_advice(redis_url:
     with elector.sync.Elector(LOCK, redis=redis_url, ttl_s=2) as e:
         term = e.wait_for_leadership(timeout=10)
         for thing in (e, e._core, term):
-            with pytest.raises(TypeError, match="cannot pickle the .* worker_process_init"):
+            with pytest.raises(TypeError, match=r"cannot pickle the .* worker_process_init"):
                 pickle.dumps(thing)
 
 
@@ -127,5 +127,6 @@ def test_leadership_lost_can_be_raised_by_user_code_and_pickled() -> None:
     assert plain.reason is elector.StepDownReason.LOST and str(plain) == "leadership ended: lost"
     own = elector.LeadershipLost("the fence refused our write", lock="jobs", fencing_token=7)
     assert str(own) == "leadership of lock 'jobs' (fencing token 7) ended: the fence refused our write"
-    again = pickle.loads(pickle.dumps(elector.LeadershipLost("lease_expired", lock="jobs", fencing_token=3)))
+    lost = elector.LeadershipLost("lease_expired", lock="jobs", fencing_token=3)
+    again = pickle.loads(pickle.dumps(lost))
     assert (again.reason, again.lock, again.fencing_token) == (elector.StepDownReason.LEASE_EXPIRED, "jobs", 3)
