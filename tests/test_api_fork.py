@@ -79,18 +79,18 @@ def test_a_forked_child_is_refused_the_parents_sync_elector(redis_url: str, tmp_
         client.close()
 
 
-async def _async_child(e: elector.Elector, journal: str) -> None:
+async def _async_child(e: elector.Elector) -> str:
     try:
         await e.wait_for_leadership(timeout=3)
-        Path(journal).write_text("led")
     except Exception as exc:
-        Path(journal).write_text(f"{type(exc).__name__}: {exc}")
+        return f"{type(exc).__name__}: {exc}"
+    return "led"
 
 
 def _run_async_child(e: elector.Elector, journal: str) -> None:
     import asyncio
 
-    asyncio.run(_async_child(e, journal))
+    Path(journal).write_text(asyncio.run(_async_child(e)))
 
 
 async def test_a_forked_child_is_refused_the_parents_async_elector(redis_url: str, tmp_path: Path) -> None:
@@ -129,4 +129,5 @@ def test_leadership_lost_can_be_raised_by_user_code_and_pickled() -> None:
     assert str(own) == "leadership of lock 'jobs' (fencing token 7) ended: the fence refused our write"
     lost = elector.LeadershipLost("lease_expired", lock="jobs", fencing_token=3)
     again = pickle.loads(pickle.dumps(lost))
-    assert (again.reason, again.lock, again.fencing_token) == (elector.StepDownReason.LEASE_EXPIRED, "jobs", 3)
+    expired = elector.StepDownReason.LEASE_EXPIRED
+    assert (again.reason, again.lock, again.fencing_token) == (expired, "jobs", 3)
