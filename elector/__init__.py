@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         Leadership,
         LeadershipLost,
         LeadershipTimeout,
+        RedisSetupError,
     )
     from elector.api_signals import run
     from elector.api_watch import Leader, LeaderWatch, watch
@@ -42,6 +43,8 @@ _LAZY_NAMES = {
     "Leadership": "elector.api",
     "LeadershipLost": "elector.api",
     "LeadershipTimeout": "elector.api",
+    # fail_fast=True: Redis refuses us in a way retrying cannot cure.
+    "RedisSetupError": "elector.api",
     # An Elector used in a forked child (docs/library.md, "Fork and process managers").
     "ForkedElectorError": "elector.api",
     # asyncio.run with SIGTERM unwinding like Ctrl-C (the sync API's is elector.sync.run).
@@ -79,6 +82,7 @@ __all__ = [
     "Leadership",
     "LeadershipLost",
     "LeadershipTimeout",
+    "RedisSetupError",
     "StaleFencingTokenError",
     "State",
     "StepDownReason",

@@ -56,13 +56,15 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
 from elector.api_callbacks import CallbackRunner
-from elector.api_connections import open_connections
+from elector.api_connections import connect_lease
 from elector.api_errors import (
     ForkedElectorError,
     LeadershipLost,
     LeadershipTimeout,
     LeaderWorkNotStopped,
     ProcessBound,
+    RedisSetupError,
+    WithheldReleaseFilter,
     not_running_message,
     refuse_pickling,
 )
@@ -77,12 +79,9 @@ from elector.api_params import (
     lease_source,
 )
 from elector.api_term import Leadership, LeadershipScope, TermBody
-from elector.backend import RedisLeaseBackend
 from elector.backend.topologies.factory import LeaseConnections
 from elector.backend.topologies.sentinel_watch import (
     SentinelMasterWatcher,
-    default_poll_interval_s,
-    watch_master,
 )
 from elector.election import (
     CycleOutcome,
@@ -97,7 +96,6 @@ from elector.election.clock import boottime
 from elector.lease import (
     Holder,
     Lease,
-    LeaseBackend,
     check_identity,
     check_lock_name,
     check_priority,
@@ -113,9 +111,11 @@ __all__ = [
     "Leadership",
     "LeadershipLost",
     "LeadershipTimeout",
+    "RedisSetupError",
 ]
 
 logger = logging.getLogger(__name__)
+logging.getLogger("elector.election.machine").addFilter(WithheldReleaseFilter())
 
 #: One set of metric families per registry (registering a second one fails), shared by its Electors.
 _REGISTRY_FAMILIES: weakref.WeakKeyDictionary[CollectorRegistry, MetricFamilies] = weakref.WeakKeyDictionary()
@@ -139,15 +139,11 @@ class Elector:
     * `cluster=True`: `redis` is the URL of one node of a Redis Cluster.
     * `redlock`: instead of `redis`, the URLs of an odd number (3 or more) of independent servers.
 
-    Timings are checked like the daemon's;
-    `stop_work_s` bounds how long a step-down waits for leader work to stop (default: a tenth of
-    the ttl, if the renew deadline leaves room); work still running then makes it withhold the
-    release (see the module doc). `identity` defaults to $POD_NAME or the host name, plus the pid and a
-    random suffix (unique per process). `registry`:
-    the daemon's metric families (elector_*{lock}, `elector_release_withheld_total` among them),
-    shared by every Elector given the same registry; a lock's series go at aclose(). Two running
-    Electors of one lock on one registry: start() raises ValueError. `releases_withheld` counts
-    withheld releases without Prometheus.
+    Timings are checked like the daemon's; `stop_work_s` bounds how long a step-down waits for
+    leader work to stop (the module doc). `identity`: $POD_NAME or the host name, the pid and a
+    random suffix. `registry`: the daemon's metric families, shared by the Electors given it.
+    `fail_fast`: `leadership()` raises `RedisSetupError` while Redis refuses us in a way retrying
+    cannot cure (a password, an ACL, a DB index, a topology), instead of waiting.
     """
 
     def __init__(
@@ -169,8 +165,12 @@ class Elector:
         on_stopped_leading: OnStoppedLeading | None = None,
         on_new_leader: OnNewLeader | None = None,
         registry: CollectorRegistry | None = None,
+        fail_fast: bool = False,
     ) -> None:
         self.lock = checked("lock", check_lock_name, lock)
+        if not isinstance(fail_fast, bool):
+            raise ElectorConfigError("fail_fast", f"must be True or False, got {fail_fast!r}")
+        self._fail_fast = fail_fast
         #: Used only in this process: a fork's copy is refused (see api_errors.ForkedElectorError).
         self._process = ProcessBound(lock=self.lock, what="Elector")
         identity = default_library_identity() if identity is None else identity
@@ -241,15 +241,10 @@ class Elector:
             waiting_for_own_work_gauge(self._registry).labels(self.lock).set_function(
                 lambda: float(self._late_work.running)
             )
-        backend = await self._connect()
-        if self._client is not None:
-            # A client of a redis+sentinel:// URL built by elector (ours, or the caller's from
-            # make_client): follow a new master at once (see sentinel_watch.py); None otherwise.
-            self._master_watcher = watch_master(
-                self._client,
-                poll_interval_s=default_poll_interval_s(self.timing.renew_interval_s),
-                request_timeout_s=self.timing.request_timeout_s,
-            )
+        backend, self._connections, self._master_watcher = await connect_lease(
+            self._settings, self._client, lock=self.lock, identity=self.identity,
+            key_prefix=self._key_prefix, timing=self.timing,
+        )  # fmt: skip
         if self._master_watcher is not None:
             self._master_watcher.start()
         hooks = ElectionHooks(
@@ -271,22 +266,6 @@ class Elector:
         self._callbacks = CallbackRunner(lock=self.lock)
         self._task = asyncio.create_task(election.run(), name=f"elector:{self.lock}")
         self._task.add_done_callback(self._election_ended)
-
-    async def _connect(self) -> LeaseBackend:
-        """The lock's backend: on the caller's client, or on connections of our own."""
-        if self._settings is None:
-            assert self._client is not None
-            return RedisLeaseBackend(self._client, lock=self.lock, key_prefix=self._key_prefix)
-        self._connections = connections = await open_connections(
-            self._settings,
-            client_name=f"elector:{self.lock}:{self.identity}",
-            timing=self.timing,
-            who=f"lock {self.lock!r}",
-            then="the election retries",
-        )
-        # One server or a Sentinel set has a single client (a Sentinel master is watched).
-        self._client = connections.client if connections.topology == "standalone" else None
-        return connections.backend_for(self.lock)
 
     async def aclose(self) -> None:
         """Stop leader work, release a held lease, run the last callbacks (if cancelled: no release)."""
@@ -351,9 +330,11 @@ class Elector:
                 while True:
                     if self._task is None or self._closing or self._task.done():
                         raise RuntimeError(self._not_running())
+                    if self._fail_fast and self._log.refusal is not None:
+                        raise RedisSetupError(lock=self.lock, error=self._log.refusal)
                     term = self._term
                     if term is None or not term.active:
-                        await self._term_started.wait()
+                        await self._next_term()
                     elif term.remaining() > 0.0:
                         return term
                     else:
@@ -368,8 +349,20 @@ class Elector:
                 timeout_s=timeout_s,
                 holder=None if holder is None else holder.identity,
                 redis_reached=self._log.redis_reached,
-                last_error=self._log.last_error,
+                last_error=self._log.last_error if self._log.redis_up is not True else None,
             ) from None
+
+    async def _next_term(self) -> None:
+        """Until a term starts (or the Elector closes); with `fail_fast`, or the next outcome."""
+        if not self._fail_fast:
+            await self._term_started.wait()
+            return
+        waits = [asyncio.ensure_future(self._term_started.wait()), asyncio.ensure_future(self._news.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     def leadership(
         self, *, resign_on_exit: bool = True, stand_back_s: float | None = None, timeout: float | None = None

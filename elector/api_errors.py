@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -10,6 +11,33 @@ from elector.election import StepDownReason
 
 class LeaderWorkNotStopped(Exception):
     """Leader work outlived `stop_work_s`: raised to the election, which withholds the release."""
+
+
+class WithheldReleaseFilter(logging.Filter):
+    """Drops the election's "on_stopped_leading failed" record (with its traceback) when the stop
+    hook raised `LeaderWorkNotStopped`: that is how the library withholds a release, and the
+    library's own ERROR line ("release withheld") says it once, with what did not stop."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], LeaderWorkNotStopped))
+
+
+class RedisSetupError(Exception):
+    """`fail_fast=True`: Redis answered, refusing this Elector in a way retrying cannot cure (a
+    wrong or missing password, an ACL, a DB index it does not have, a topology that is not the
+    server's). Raised by `leadership()` and `wait_for_leadership()` while it lasts; `error` is
+    what Redis said. Without `fail_fast` the Elector retries (and logs it) instead.
+    """
+
+    def __init__(self, *, lock: str, error: str) -> None:
+        super().__init__(
+            f"lock {lock!r}: Redis answered, and refused us in a way retrying cannot cure ({error}): "
+            "fix the URL (password, database), the ACL or the topology (cluster=...)"
+        )
+        self.lock = lock
+        self.error = error
+        #: Always True: an unreachable Redis is retried, never raised as this.
+        self.redis_answered = True
 
 
 class LeadershipLost(Exception):
@@ -113,6 +141,8 @@ class LeadershipTimeout(TimeoutError):
     ) -> None:
         if not redis_reached:
             why = f"Redis was not reached ({last_error or 'no answer yet'})"
+        elif last_error is not None:
+            why = f"Redis answered with an error ({last_error})"
         elif holder is not None:
             why = f"the lock is held by {holder!r}"
         else:

@@ -9,7 +9,9 @@ follower does, minus the contending: subscribed to the lock's announcements firs
 (a read, no write); then it sleeps until the holder's lease would run out (its PTTL, plus a few
 ms), an announcement (a grant or a release: looked at at once, since anyone may publish), or a
 ttl when the lock is free, whichever comes first. A quiet held lock costs one read per lease
-lifetime, never a fixed polling period. Redis unreachable: one WARNING, retries with back-off.
+lifetime, never a fixed polling period. Redis unreachable: one WARNING, retries with back-off;
+unreachable for longer than a ttl, the leader is reported unknown (`Leader.known` False) instead
+of the last one seen, whose lease may well have run out meanwhile.
 """
 
 from __future__ import annotations
@@ -48,10 +50,19 @@ WAKE_JITTER_S = 0.002
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Leader:
-    """Who leads a lock: `identity` and `fencing_token`, both None when nobody does."""
+    """Who leads a lock: `identity` and `fencing_token`, both None when nobody does.
+
+    `known` is False (and both None) when Redis has not answered the watch for over a ttl: who
+    leads is unknown, not "nobody".
+    """
 
     identity: str | None
     fencing_token: int | None
+    known: bool = True
+
+
+#: What the watch reports once Redis has not answered it for longer than a ttl.
+UNKNOWN = Leader(None, None, known=False)
 
 
 class LeaderWatch:
@@ -124,6 +135,7 @@ class LeaderWatch:
         failures = 0
         next_look = boottime()
         last_look = -MIN_LOOK_SPACING_S
+        answered_at = boottime()  # the watch's start counts as an answer: a ttl's grace
         try:
             while True:
                 if subscription is None:
@@ -136,8 +148,12 @@ class LeaderWatch:
                     if looked is None:
                         failures += 1
                         next_look = boottime() + self._retry_delay_s(failures)
+                        if boottime() - answered_at > self.timing.ttl_s and self.leader != UNKNOWN:
+                            self.leader = UNKNOWN
+                            yield UNKNOWN
                     else:
                         failures = 0
+                        answered_at = boottime()
                         leader, next_look = looked
                         if leader != self.leader:
                             self.leader = leader

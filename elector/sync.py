@@ -125,6 +125,7 @@ class Elector:
         on_new_leader: Callable[[str | None], object] | None = None,
         registry: CollectorRegistry | None = None,
         on_overrun: OnOverrun = "withhold",
+        fail_fast: bool = False,
     ) -> None:
         if redis is not None and not isinstance(redis, str):
             raise ElectorConfigError(
@@ -152,6 +153,7 @@ class Elector:
             on_stopped_leading=_in_thread(on_stopped_leading),
             on_new_leader=_in_thread(on_new_leader),
             registry=registry,
+            fail_fast=fail_fast,
         )
         self.lock, self.identity, self.timing = self._core.lock, self._core.identity, self._core.timing
         self._loop: asyncio.AbstractEventLoop | None = None
