@@ -2,9 +2,10 @@
 
 Logger `elector.api` (structlog's stdlib integration picks the `extra` fields up). The levels:
 
-* WARNING, once, when Redis becomes unreachable (a wrong URL, a refused password, a cut link: the
-  first failed request, so within one request timeout), and INFO, once, when it answers again;
-  in between, one WARNING for each new kind of error (a timeout, then data that blocks the lock);
+* WARNING, once, when Redis becomes unreachable (a wrong URL, a cut link: the first failed
+  request, so within one request timeout) or answers with an error (a refused password, a DB
+  index out of range), and INFO, once, when it answers again; in between, one WARNING for each
+  new kind of error (a timeout, then data that blocks the lock);
 * INFO for each transition (leading, released, stepped down, release withheld: ERROR) with the
   lock, our identity and the fencing token;
 * WARNING, once per episode, when another live process reports our identity for the lock

@@ -18,6 +18,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -205,3 +207,30 @@ def test_multiprocessing_workers_hand_over_when_one_is_terminated(servers: Serve
     assert overlaps(terms(servers.lines())) == []
     parent.send_signal(signal.SIGTERM)
     assert parent.wait(timeout=STOP_BOUND_S) == 0
+
+
+def test_an_elector_made_at_import_under_preload_is_refused_in_the_workers_at_once(servers: Servers) -> None:
+    """The mistake the recipes avoid: before the fix the worker's copy reported the master's
+    leadership, and a request that waited to lead hung until gunicorn killed the worker."""
+    port = free_tcp_port()
+    servers.start(
+        str(BIN / "gunicorn"), "--preload", "-w", "1", "-b", f"127.0.0.1:{port}", "--timeout", "60",
+        "--chdir", str(ROOT), "tests.support.preload_mistake:app",
+    )  # fmt: skip
+
+    def answer() -> tuple[int, str] | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+        except OSError:
+            return None  # not listening yet
+
+    found: list[tuple[int, str]] = []
+    wait_until(
+        lambda: (reply := answer()) is not None and found.append(reply) is None, timeout_s=START_BOUND_S
+    )
+    status, text = found[-1]
+    assert status == 500, (status, text, servers.log_text())
+    assert text.startswith("ForkedElectorError: ") and "post_fork" in text, text
