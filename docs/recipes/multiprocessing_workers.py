@@ -24,7 +24,10 @@ import elector.sync
 
 def child(url: str, lock: str, journal: str) -> None:
     def main() -> None:
-        with elector.sync.Elector(lock, redis=url, ttl_s=10) as e, open(journal, "a", buffering=1) as out:
+        with (
+            elector.sync.Elector(lock, redis=url, ttl_s=float(os.environ.get("RECIPE_TTL_S", "10"))) as e,
+            open(journal, "a", buffering=1) as out,
+        ):
             while True:
                 try:
                     with e.leadership(resign_on_exit=False) as lease:

@@ -6,7 +6,8 @@ for one lock; the leader's steps are journaled on CLOCK_BOOTTIME by the workers 
 test checks: one leader at a time (no two terms' journal intervals overlap), and a graceful
 stop of the leader (SIGTERM) hands over in well under the ttl: the successor's first step comes
 less than half a ttl after the signal, where a lease left to lapse would take at least
-ttl - renew interval (7 s of the 10 s ttl) after its last renewal.
+ttl - renew interval (14 s of the 20 s ttl) after it. Measured on the shared 2-core machine
+(load 8-10): 0.3-3.9 s; the ttl is 20 s so that the bound keeps a wide margin over that.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "docs" / "recipes"
 BIN = Path(sys.executable).parent
 LOCK = "jobs"
-TTL_S = 10.0
+TTL_S = 20.0
 #: Hang bounds: a server's start (import, fork, first acquire) and its graceful stop.
 START_BOUND_S = 60.0
 STOP_BOUND_S = 30.0
@@ -110,6 +111,8 @@ def handover(
         if line[0] not in ours and float(line[2]) > signalled
     )
     assert first.wait(timeout=STOP_BOUND_S) in (0, -signal.SIGTERM, 128 + signal.SIGTERM), servers.log_text()
+    test = os.environ.get("PYTEST_CURRENT_TEST", "")
+    print(f"handover: {after - signalled:.3f}s after the stop, {test}")  # seen with -s
     return after - signalled
 
 
