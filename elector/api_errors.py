@@ -79,9 +79,9 @@ def _rebuild_lost(
 
 #: What to do instead, said by every refusal of an Elector in another process than its own.
 _AFTER_FORK = (
-    "create the Elector in the process that uses it, after the fork: in gunicorn's post_fork hook "
+    "create it in the process that uses it, after the fork: in gunicorn's post_fork hook "
     "(or an ASGI lifespan; never at import with --preload), in Celery's worker_process_init or "
-    "worker_init signal, in the target or initializer of a multiprocessing Process or Pool "
+    "worker_ready signal, in the target or initializer of a multiprocessing Process or Pool "
     "(docs/library.md, 'Fork and process managers')"
 )
 
@@ -95,11 +95,12 @@ class ForkedElectorError(RuntimeError):
     """
 
     def __init__(self, *, lock: str, created_in_pid: int, what: str = "Elector") -> None:
+        held = "connections" if what == "watch" else "election, connections and lease"
         super().__init__(
             f"the {what} of lock {lock!r} was created in process {created_in_pid} and is used in "
             f"process {os.getpid()}, a fork of it (multiprocessing, gunicorn --preload, Celery's prefork "
-            f"pool): its election, connections and lease stay with process {created_in_pid}. "
-            f"To contend from this process, {_AFTER_FORK}"
+            f"pool): its {held} stay with process {created_in_pid}. "
+            f"To use one in this process, {_AFTER_FORK}"
         )
         self.lock = lock
         self.created_in_pid = created_in_pid
@@ -124,8 +125,8 @@ class ProcessBound:
 def refuse_pickling(what: str, lock: str) -> TypeError:
     """Why an Elector (or a term) cannot go to another process by pickle (spawn, forkserver)."""
     return TypeError(
-        f"cannot pickle the {what} of lock {lock!r}: its election, connections and lease belong to "
-        f"the process that created it. To contend from another process, {_AFTER_FORK}"
+        f"cannot pickle the {what} of lock {lock!r}: what it runs on belongs to the process that "
+        f"created it. To use one in another process, {_AFTER_FORK}"
     )
 
 

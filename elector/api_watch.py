@@ -27,6 +27,7 @@ from types import TracebackType
 import redis.asyncio as aioredis
 
 from elector.api_connections import open_connections
+from elector.api_errors import ProcessBound, refuse_pickling
 from elector.api_params import build_timing, checked, factory_of, lease_source
 from elector.backend import RedisLeaseBackend
 from elector.backend.topologies.factory import LeaseConnections
@@ -85,6 +86,8 @@ class LeaderWatch:
         key_prefix: str = "elector",
     ) -> None:
         self.lock = checked("lock", check_lock_name, lock)
+        #: Used only in this process: a fork's copy is refused (see api_errors.ForkedElectorError).
+        self._process = ProcessBound(lock=self.lock, what="watch")
         self.timing = build_timing(
             ttl_s=ttl_s,
             renew_interval_s=None,
@@ -103,7 +106,11 @@ class LeaderWatch:
         #: The latest leader seen (None before the first look).
         self.leader: Leader | None = None
 
+    def __reduce_ex__(self, protocol: object) -> tuple[object, ...]:
+        raise refuse_pickling("watch", self.lock)
+
     async def __aenter__(self) -> LeaderWatch:
+        self._process.check()
         if self._settings is None:
             assert self._client is not None
             self._backend = RedisLeaseBackend(self._client, lock=self.lock, key_prefix=self._key_prefix)
@@ -126,6 +133,7 @@ class LeaderWatch:
         self._backend = self._connections = None
 
     def __aiter__(self) -> AsyncIterator[Leader]:
+        self._process.check()
         if self._backend is None:
             raise RuntimeError(f"the watch of lock {self.lock!r} is not open: use `async with`")
         return self._changes(self._backend)

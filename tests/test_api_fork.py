@@ -131,3 +131,28 @@ def test_leadership_lost_can_be_raised_by_user_code_and_pickled() -> None:
     again = pickle.loads(pickle.dumps(lost))
     expired = elector.StepDownReason.LEASE_EXPIRED
     assert (again.reason, again.lock, again.fencing_token) == (expired, "jobs", 3)
+
+
+def _watch_in_child(watcher: elector.sync.LeaderWatcher, journal: str) -> None:
+    try:
+        result = repr(watcher.leader)
+    except Exception as exc:
+        result = f"{type(exc).__name__}: {exc}"
+    Path(journal).write_text(result)
+
+
+def test_a_forked_child_is_refused_the_parents_watch(redis_url: str, tmp_path: Path) -> None:
+    """The watch's thread does not exist in the child: its copy would show a frozen leader."""
+    journal = tmp_path / "child"
+    with elector.sync.watch(LOCK, redis=redis_url, ttl_s=2, on_change=lambda leader: None) as watcher:
+        child = multiprocessing.get_context("fork").Process(
+            target=_watch_in_child, args=(watcher, str(journal))
+        )
+        child.start()
+        child.join(timeout=CHILD_HANG_BOUND_S)
+        if child.is_alive():
+            child.kill()
+            child.join()
+        assert journal.read_text().startswith("ForkedElectorError: the watch of lock 'jobs'")
+        with pytest.raises(TypeError, match="cannot pickle the watch"):
+            pickle.dumps(watcher)
