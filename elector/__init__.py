@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from elector.api import Elector, ElectorConfigError, Leadership, LeadershipLost, LeadershipTimeout
+    from elector.api import (
+        Elector,
+        ElectorConfigError,
+        ForkedElectorError,
+        Leadership,
+        LeadershipLost,
+        LeadershipTimeout,
+        RedisSetupError,
+    )
     from elector.api_signals import run
     from elector.api_watch import Leader, LeaderWatch, watch
     from elector.election.outcome import ElectionStatus, State, StepDownReason
@@ -24,6 +32,7 @@ if TYPE_CHECKING:
         FencingError,
         StaleFencingTokenError,
     )
+    from elector.lease import Holder
 
 #: Each public name and the module that defines it. These names are the library's public API
 #: (listed in docs/library.md); every other module of elector is internal and may change.
@@ -34,6 +43,10 @@ _LAZY_NAMES = {
     "Leadership": "elector.api",
     "LeadershipLost": "elector.api",
     "LeadershipTimeout": "elector.api",
+    # fail_fast=True: Redis refuses us in a way retrying cannot cure.
+    "RedisSetupError": "elector.api",
+    # An Elector used in a forked child (docs/library.md, "Fork and process managers").
+    "ForkedElectorError": "elector.api",
     # asyncio.run with SIGTERM unwinding like Ctrl-C (the sync API's is elector.sync.run).
     "run": "elector.api_signals",
     # Who leads, without contending.
@@ -44,6 +57,8 @@ _LAZY_NAMES = {
     # What Elector.status() returns.
     "ElectionStatus": "elector.election.outcome",
     "State": "elector.election.outcome",
+    # ElectionStatus.holder: who holds the lock (identity, fencing token).
+    "Holder": "elector.lease",
     # Fencing resources kept in Redis (docs/fencing.md).
     "FencedStore": "elector.fencing",
     "FencedWriteResult": "elector.fencing",
@@ -60,11 +75,14 @@ __all__ = [
     "FencedStore",
     "FencedWriteResult",
     "FencingError",
+    "ForkedElectorError",
+    "Holder",
     "Leader",
     "LeaderWatch",
     "Leadership",
     "LeadershipLost",
     "LeadershipTimeout",
+    "RedisSetupError",
     "StaleFencingTokenError",
     "State",
     "StepDownReason",

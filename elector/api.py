@@ -20,14 +20,9 @@ body (and the `on_stopped_leading` callback), up to `stop_work_s` (part of the s
 the lease is ours while it unwinds.
 
 The lease is never released while a body still runs. A body still unwinding after `stop_work_s`
-(a `finally` that awaits a slow cleanup, a coroutine that swallows the cancellation) makes the
-step-down withhold the release: the lease is left to lapse on Redis by its ttl, an error is
-logged, `Elector.releases_withheld` goes up by one (and `elector_release_withheld_total{lock}` on
-the `registry` passed in), and this Elector does not contend again until that body has exited
-(`status().waiting_for_own_work`, `elector_waiting_for_own_work{lock}`), nor before the lease
-could have lapsed: it never leads beside its own late body. A successor is then granted the
-lease one ttl after the last renewal instead of at once. A body that runs on past even that is
-beyond what a lease can fence off in time: only the fencing token protects the resource then.
+makes the step-down withhold the release (the lease lapses on Redis by its ttl; logged, counted
+in `releases_withheld`), and this Elector does not contend again until that body has exited, nor
+before the lease could have lapsed: it never leads beside its own late body (docs/library.md).
 
 Cancellation reaches coroutines only. Threads the body started (`asyncio.to_thread`,
 `run_in_executor`, a thread pool) and processes it spawned are NOT stopped by it and may keep
@@ -61,8 +56,18 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
 from elector.api_callbacks import CallbackRunner
-from elector.api_connections import open_connections
-from elector.api_errors import LeadershipLost, LeadershipTimeout, LeaderWorkNotStopped, not_running_message
+from elector.api_connections import connect_lease
+from elector.api_errors import (
+    ForkedElectorError,
+    LeadershipLost,
+    LeadershipTimeout,
+    LeaderWorkNotStopped,
+    ProcessBound,
+    RedisSetupError,
+    WithheldReleaseFilter,
+    not_running_message,
+    refuse_pickling,
+)
 from elector.api_late_work import LateWork
 from elector.api_logs import ElectionLog, waiting_for_own_work_gauge
 from elector.api_params import (
@@ -74,12 +79,9 @@ from elector.api_params import (
     lease_source,
 )
 from elector.api_term import Leadership, LeadershipScope, TermBody
-from elector.backend import RedisLeaseBackend
 from elector.backend.topologies.factory import LeaseConnections
 from elector.backend.topologies.sentinel_watch import (
     SentinelMasterWatcher,
-    default_poll_interval_s,
-    watch_master,
 )
 from elector.election import (
     CycleOutcome,
@@ -94,7 +96,6 @@ from elector.election.clock import boottime
 from elector.lease import (
     Holder,
     Lease,
-    LeaseBackend,
     check_identity,
     check_lock_name,
     check_priority,
@@ -105,13 +106,16 @@ from elector.metrics import ElectionMetrics, MetricFamilies
 __all__ = [
     "Elector",
     "ElectorConfigError",
+    "ForkedElectorError",
     "LeaderWorkNotStopped",
     "Leadership",
     "LeadershipLost",
     "LeadershipTimeout",
+    "RedisSetupError",
 ]
 
 logger = logging.getLogger(__name__)
+logging.getLogger("elector.election.machine").addFilter(WithheldReleaseFilter())
 
 #: One set of metric families per registry (registering a second one fails), shared by its Electors.
 _REGISTRY_FAMILIES: weakref.WeakKeyDictionary[CollectorRegistry, MetricFamilies] = weakref.WeakKeyDictionary()
@@ -135,15 +139,11 @@ class Elector:
     * `cluster=True`: `redis` is the URL of one node of a Redis Cluster.
     * `redlock`: instead of `redis`, the URLs of an odd number (3 or more) of independent servers.
 
-    Timings are checked like the daemon's;
-    `stop_work_s` bounds how long a step-down waits for leader work to stop (default: a tenth of
-    the ttl, if the renew deadline leaves room); work still running then makes it withhold the
-    release (see the module doc). `identity` defaults to $POD_NAME or the host name, plus the pid and a
-    random suffix (unique per process). `registry`:
-    the daemon's metric families (elector_*{lock}, `elector_release_withheld_total` among them),
-    shared by every Elector given the same registry; a lock's series go at aclose(). Two running
-    Electors of one lock on one registry: start() raises ValueError. `releases_withheld` counts
-    withheld releases without Prometheus.
+    Timings are checked like the daemon's; `stop_work_s` bounds how long a step-down waits for
+    leader work to stop (the module doc). `identity`: $POD_NAME or the host name, the pid and a
+    random suffix. `registry`: the daemon's metric families, shared by the Electors given it.
+    `fail_fast`: `leadership()` raises `RedisSetupError` while Redis refuses us in a way retrying
+    cannot cure (a password, an ACL, a DB index, a topology), instead of waiting.
     """
 
     def __init__(
@@ -165,8 +165,14 @@ class Elector:
         on_stopped_leading: OnStoppedLeading | None = None,
         on_new_leader: OnNewLeader | None = None,
         registry: CollectorRegistry | None = None,
+        fail_fast: bool = False,
     ) -> None:
         self.lock = checked("lock", check_lock_name, lock)
+        if not isinstance(fail_fast, bool):
+            raise ElectorConfigError("fail_fast", f"must be True or False, got {fail_fast!r}")
+        self._fail_fast = fail_fast
+        #: Used only in this process: a fork's copy is refused (see api_errors.ForkedElectorError).
+        self._process = ProcessBound(lock=self.lock, what="Elector")
         identity = default_library_identity() if identity is None else identity
         self.identity = checked("identity", check_identity, identity)
         self.timing = build_timing(
@@ -201,11 +207,16 @@ class Elector:
         self._term: Leadership | None = None
         self._reported_leader: str | None = None
         self._term_started = asyncio.Event()  # set while a term is active, and once closing
+        #: Set (and replaced) at each outcome of the election: something may have changed.
+        self._news = asyncio.Event()
         self._closing = False
         self._closed = asyncio.Event()
         self._log = ElectionLog(lock=self.lock, identity=self.identity, ttl_s=self.timing.ttl_s)
         #: Bodies (and the stop callback) of ended terms that outlived stop_work_s, still running.
         self._late_work = LateWork(lock=self.lock, identity=self.identity)
+
+    def __reduce_ex__(self, protocol: object) -> tuple[object, ...]:
+        raise refuse_pickling("Elector", self.lock)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -220,6 +231,7 @@ class Elector:
 
     async def start(self) -> None:
         """Start contending in a task of the running loop."""
+        self._process.check()
         if self._election is not None:
             raise RuntimeError(f"the Elector of lock {self.lock!r} was already started")
         if self._registry is not None:
@@ -229,15 +241,10 @@ class Elector:
             waiting_for_own_work_gauge(self._registry).labels(self.lock).set_function(
                 lambda: float(self._late_work.running)
             )
-        backend = await self._connect()
-        if self._client is not None:
-            # A client of a redis+sentinel:// URL built by elector (ours, or the caller's from
-            # make_client): follow a new master at once (see sentinel_watch.py); None otherwise.
-            self._master_watcher = watch_master(
-                self._client,
-                poll_interval_s=default_poll_interval_s(self.timing.renew_interval_s),
-                request_timeout_s=self.timing.request_timeout_s,
-            )
+        backend, self._connections, self._master_watcher = await connect_lease(
+            self._settings, self._client, lock=self.lock, identity=self.identity,
+            key_prefix=self._key_prefix, timing=self.timing,
+        )  # fmt: skip
         if self._master_watcher is not None:
             self._master_watcher.start()
         hooks = ElectionHooks(
@@ -260,24 +267,9 @@ class Elector:
         self._task = asyncio.create_task(election.run(), name=f"elector:{self.lock}")
         self._task.add_done_callback(self._election_ended)
 
-    async def _connect(self) -> LeaseBackend:
-        """The lock's backend: on the caller's client, or on connections of our own."""
-        if self._settings is None:
-            assert self._client is not None
-            return RedisLeaseBackend(self._client, lock=self.lock, key_prefix=self._key_prefix)
-        self._connections = connections = await open_connections(
-            self._settings,
-            client_name=f"elector:{self.lock}:{self.identity}",
-            timing=self.timing,
-            who=f"lock {self.lock!r}",
-            then="the election retries",
-        )
-        # One server or a Sentinel set has a single client (a Sentinel master is watched).
-        self._client = connections.client if connections.topology == "standalone" else None
-        return connections.backend_for(self.lock)
-
     async def aclose(self) -> None:
         """Stop leader work, release a held lease, run the last callbacks (if cancelled: no release)."""
+        self._process.check()  # a fork's copy must never release the parent's lease
         if self._election is None or self._task is None or self._callbacks is None:
             return
         if self._closing:
@@ -310,9 +302,11 @@ class Elector:
 
     @property
     def is_leader(self) -> bool:
+        self._process.check()
         return self._election is not None and self._election.status().is_leader
 
     def status(self) -> ElectionStatus:
+        self._process.check()
         if self._election is None:
             raise RuntimeError(f"the Elector of lock {self.lock!r} is not started")
         return self._election.status()
@@ -323,16 +317,30 @@ class Elector:
 
         `timeout`: seconds; `LeadershipTimeout` (a TimeoutError) after that, saying whether Redis
         was reached at all. The Elector keeps contending.
+
+        Only a live term is returned (active, with validity left), and the loop gets a turn
+        first: a caller re-entering after a body that blocked the loop past the ttl lets the
+        election step down instead of being handed the ended term again and again.
         """
+        self._process.check()
         timeout_s = checked_timeout(timeout)
         try:
             async with asyncio.timeout(timeout_s):
+                await asyncio.sleep(0)
                 while True:
                     if self._task is None or self._closing or self._task.done():
                         raise RuntimeError(self._not_running())
-                    if self._term is not None and self._term.active:
-                        return self._term
-                    await self._term_started.wait()
+                    if self._fail_fast and self._log.refusal is not None:
+                        raise RedisSetupError(lock=self.lock, error=self._log.refusal)
+                    term = self._term
+                    if term is None or not term.active:
+                        await self._next_term()
+                    elif term.remaining() > 0.0:
+                        return term
+                    else:
+                        # Active to the election, over by the clock: it has not had the loop
+                        # since. Its next outcome steps down, or renews in time after all.
+                        await self._news.wait()
         except TimeoutError:
             assert timeout_s is not None
             holder = self._election.status().holder if self._election is not None else None
@@ -341,8 +349,20 @@ class Elector:
                 timeout_s=timeout_s,
                 holder=None if holder is None else holder.identity,
                 redis_reached=self._log.redis_reached,
-                last_error=self._log.last_error,
+                last_error=self._log.last_error if self._log.redis_up is not True else None,
             ) from None
+
+    async def _next_term(self) -> None:
+        """Until a term starts (or the Elector closes); with `fail_fast`, or the next outcome."""
+        if not self._fail_fast:
+            await self._term_started.wait()
+            return
+        waits = [asyncio.ensure_future(self._term_started.wait()), asyncio.ensure_future(self._news.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     def leadership(
         self, *, resign_on_exit: bool = True, stand_back_s: float | None = None, timeout: float | None = None
@@ -354,6 +374,7 @@ class Elector:
         and no contending for `stand_back_s` (default: one ttl, so every follower gets its turn).
         `timeout` bounds the wait to lead (`LeadershipTimeout`), never the body.
         """
+        self._process.check()
         stand_back_s = checked_stand_back(stand_back_s)
         checked_timeout(timeout)
         return LeadershipScope(
@@ -392,6 +413,8 @@ class Elector:
     # -- election hooks (run in the election's task) -------------------------------------------
 
     def _outcome(self, outcome: CycleOutcome) -> None:
+        news, self._news = self._news, asyncio.Event()
+        news.set()
         if outcome.kind is OutcomeKind.RELEASE_WITHHELD:
             self.releases_withheld += 1
             self._late_work.lease_lapses_in((outcome.remaining_ms or 0) / 1000)
@@ -413,7 +436,7 @@ class Elector:
     async def _started_leading(self, lease: Lease) -> None:
         assert self._election is not None
         assert self._callbacks is not None
-        self._term = term = Leadership(lease, status=self._election.status)
+        self._term = term = Leadership(lease, status=self._election.status, process=self._process)
         self._term_started.set()
         if self._on_started_leading is not None:
             self._callbacks.submit("on_started_leading", self._on_started_leading, term)

@@ -8,10 +8,17 @@ from __future__ import annotations
 
 import logging
 
-from elector.backend import RedisSettings
+import redis.asyncio as aioredis
+
+from elector.backend import RedisLeaseBackend, RedisSettings
 from elector.backend.topologies.factory import LeaseConnections
+from elector.backend.topologies.sentinel_watch import (
+    SentinelMasterWatcher,
+    default_poll_interval_s,
+    watch_master,
+)
 from elector.election import ElectionTiming
-from elector.lease import LeaseBackendError
+from elector.lease import LeaseBackend, LeaseBackendError
 
 logger = logging.getLogger("elector.api")
 
@@ -37,3 +44,40 @@ async def open_connections(
         await connections.aclose(within_s=timing.request_timeout_s)
         raise
     return connections
+
+
+async def connect_lease(
+    settings: RedisSettings | None,
+    client: aioredis.Redis | None,
+    *,
+    lock: str,
+    identity: str,
+    key_prefix: str,
+    timing: ElectionTiming,
+) -> tuple[LeaseBackend, LeaseConnections | None, SentinelMasterWatcher | None]:
+    """An Elector's backend for its lock: on the caller's `client`, or on connections of our own
+    (returned, to be closed); and, for a client of a redis+sentinel:// URL built by elector (ours,
+    or the caller's from make_client), a watcher (not started) that follows a new master at once."""
+    connections = None
+    if settings is None:
+        assert client is not None
+        backend: LeaseBackend = RedisLeaseBackend(client, lock=lock, key_prefix=key_prefix)
+    else:
+        connections = await open_connections(
+            settings,
+            client_name=f"elector:{lock}:{identity}",
+            timing=timing,
+            who=f"lock {lock!r}",
+            then="the election retries",
+        )
+        # One server or a Sentinel set has a single client (a Sentinel master is watched).
+        client = connections.client if connections.topology == "standalone" else None
+        backend = connections.backend_for(lock)
+    watcher = None
+    if client is not None:
+        watcher = watch_master(
+            client,
+            poll_interval_s=default_poll_interval_s(timing.renew_interval_s),
+            request_timeout_s=timing.request_timeout_s,
+        )
+    return backend, connections, watcher

@@ -2,9 +2,10 @@
 
 Logger `elector.api` (structlog's stdlib integration picks the `extra` fields up). The levels:
 
-* WARNING, once, when Redis becomes unreachable (a wrong URL, a refused password, a cut link: the
-  first failed request, so within one request timeout), and INFO, once, when it answers again;
-  in between, one WARNING for each new kind of error (a timeout, then data that blocks the lock);
+* WARNING, once, when Redis becomes unreachable (a wrong URL, a cut link: the first failed
+  request, so within one request timeout) or answers with an error (a refused password, a DB
+  index out of range), and INFO, once, when it answers again; in between, one WARNING for each
+  new kind of error (a timeout, then data that blocks the lock);
 * INFO for each transition (leading, released, stepped down, release withheld: ERROR) with the
   lock, our identity and the fencing token;
 * WARNING, once per episode, when another live process reports our identity for the lock
@@ -22,11 +23,16 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from elector.election import CycleOutcome, OutcomeKind, State, error_cause
 from elector.election.clash import ClashEpisodes
+from elector.lease import BackendErrorKind
 
 logger = logging.getLogger("elector.api")
 
 #: Failed requests: the outcomes that say Redis did not answer (or refused us).
 _FAILURES = frozenset({OutcomeKind.ACQUIRE_ERROR, OutcomeKind.RENEW_ERROR})
+
+#: What Redis answers when the settings are wrong in a way no retry can cure (besides refused
+#: access, kind "auth"): a DB index it does not have, a topology that is not the server's.
+_INCURABLE_ANSWERS = ("DB index is out of range", "invalid DB index", "Cluster mode is not enabled", "MOVED ")
 
 _WAITING_GAUGES: weakref.WeakKeyDictionary[CollectorRegistry, Gauge] = weakref.WeakKeyDictionary()
 
@@ -53,8 +59,11 @@ class ElectionLog:
         self._identity = identity
         #: None until the first answer or failure; then whether the last request was answered.
         self.redis_up: bool | None = None
+        #: Redis answered at least once (a refusal, such as a wrong password, is an answer too).
         self.redis_reached = False
         self.last_error: str | None = None
+        #: The last request's error when retrying cannot cure it (see `incurable`), else None.
+        self.refusal: str | None = None
         #: The error causes said at WARNING in the current outage.
         self._kinds_warned: set[str] = set()
         self._clashes = ClashEpisodes(identity=identity, ttl_s=ttl_s)
@@ -64,12 +73,16 @@ class ElectionLog:
         extra: dict[str, object] = {"lock": self._lock, "identity": self._identity}
         if outcome.kind in _FAILURES or (outcome.error_kind is not None):
             self.last_error = outcome.error
+            answered = error_cause(outcome.error_kind) != "unreachable"
+            self.redis_reached |= answered
+            self.refusal = outcome.error if incurable(outcome.error_kind, outcome.error) else None
             if self.redis_up is not False:
                 self.redis_up = False
                 self._kinds_warned = {error_cause(outcome.error_kind)}
                 logger.warning(
-                    "lock %r: Redis unreachable (%s); %s",
+                    "lock %r: %s (%s); %s",
                     self._lock,
+                    "Redis answered with an error" if answered else "Redis unreachable",
                     outcome.error,
                     "retrying" if outcome.state is State.FOLLOWER else "renewing until the deadline",
                     extra={**extra, "error_kind": outcome.error_kind},
@@ -87,6 +100,7 @@ class ElectionLog:
             if self.redis_up is False:
                 logger.info("lock %r: Redis answers again", self._lock, extra=extra)
             self.redis_up = self.redis_reached = True
+            self.refusal = None
         if self._clashes.observe(outcome):
             self._warn_clash(outcome, extra)
         if outcome.is_transition:
@@ -132,9 +146,19 @@ class ElectionLog:
                 extra=extra,
             )
         elif kind is OutcomeKind.RELEASE_FAILED:
-            # Redis unreachable was said once already; a lease found no longer ours is news.
-            logger.log(
-                logging.INFO if outcome.error_kind is not None else logging.WARNING,
+            # Redis unreachable was said once already; a lease found no longer ours was already
+            # lost (it lapsed, or a successor holds it): what the step-down said, not a fault.
+            logger.info(
                 "lock %r: release failed (%s) as %r, fencing token %s; the lease lapses by its ttl",
                 self._lock, outcome.error, self._identity, token, extra=extra,
             )  # fmt: skip
+
+
+def incurable(error_kind: str | None, error: str | None) -> bool:
+    """Whether a failed request's error is one retrying cannot cure: access refused (a password,
+    an ACL), a DB index the server does not have, a topology that is not the server's."""
+    if error_kind == BackendErrorKind.AUTH.value:
+        return True
+    return error_kind == BackendErrorKind.SERVER.value and any(
+        answer in (error or "") for answer in _INCURABLE_ANSWERS
+    )

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol
 
-from elector.api_errors import LeadershipLost
+from elector.api_errors import LeadershipLost, ProcessBound, refuse_pickling
 from elector.election import ElectionStatus, StepDownReason
 from elector.lease import Lease
 
@@ -46,8 +46,9 @@ class Leadership:
     Shared by the async and the sync API: `remaining()` and `check()` may be called from any thread.
     """
 
-    def __init__(self, lease: Lease, *, status: Callable[[], ElectionStatus]) -> None:
+    def __init__(self, lease: Lease, *, status: Callable[[], ElectionStatus], process: ProcessBound) -> None:
         self._lease = lease
+        self._process = process
         self._status = status
         self._end_reason: StepDownReason | None = None
         self._scopes: set[TermBody] = set()
@@ -80,8 +81,9 @@ class Leadership:
         """Seconds this process may still act as leader; 0.0 once it may not.
 
         Counted on CLOCK_BOOTTIME from the send time of the last successful renewal, minus the
-        safety margin.
+        safety margin. In a forked child (a copy of the term): `ForkedElectorError`.
         """
+        self._process.check()
         status = self._status()
         if not self.active or not status.is_leader or status.fencing_token != self.fencing_token:
             return 0.0
@@ -98,6 +100,9 @@ class Leadership:
             reason = StepDownReason.LEASE_EXPIRED
         if reason is not None:
             raise LeadershipLost(reason, lock=self.lock, fencing_token=self.fencing_token)
+
+    def __reduce_ex__(self, protocol: object) -> tuple[object, ...]:
+        raise refuse_pickling("term (Leadership)", self.lock)
 
     def __repr__(self) -> str:
         return f"Leadership(lock={self.lock!r}, fencing_token={self.fencing_token}, active={self.active})"
@@ -172,6 +177,12 @@ class LeadershipScope:
                 raise LeadershipLost(self._lost, lock=term.lock, fencing_token=term.fencing_token) from exc
             if exc is not None and not cancelled:
                 exc.add_note(f"(raised while stopping after leadership ended: {self._lost})")
-        elif self._resign_on_exit and not term._scopes:
+        elif self._resign_on_exit and not term._scopes and not _expired(exc, term):
             # An outside cancel must not wait for the release: the task is being torn down.
             await self._elector._resign(term, stand_back_s=self._stand_back_s, wait=not cancelled)
+
+
+def _expired(exc: BaseException | None, term: Leadership) -> bool:
+    """A `check()` found the validity run out: not resigned, since the election steps down for
+    `lease_expired` by itself, and the log then says what the exception says."""
+    return isinstance(exc, LeadershipLost) and term.remaining() <= 0.0

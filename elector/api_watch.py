@@ -9,7 +9,9 @@ follower does, minus the contending: subscribed to the lock's announcements firs
 (a read, no write); then it sleeps until the holder's lease would run out (its PTTL, plus a few
 ms), an announcement (a grant or a release: looked at at once, since anyone may publish), or a
 ttl when the lock is free, whichever comes first. A quiet held lock costs one read per lease
-lifetime, never a fixed polling period. Redis unreachable: one WARNING, retries with back-off.
+lifetime, never a fixed polling period. Redis unreachable: one WARNING, retries with back-off;
+unreachable for longer than a ttl, the leader is reported unknown (`Leader.known` False) instead
+of the last one seen, whose lease may well have run out meanwhile.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from types import TracebackType
 import redis.asyncio as aioredis
 
 from elector.api_connections import open_connections
+from elector.api_errors import ProcessBound, refuse_pickling
 from elector.api_params import build_timing, checked, factory_of, lease_source
 from elector.backend import RedisLeaseBackend
 from elector.backend.topologies.factory import LeaseConnections
@@ -48,10 +51,19 @@ WAKE_JITTER_S = 0.002
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Leader:
-    """Who leads a lock: `identity` and `fencing_token`, both None when nobody does."""
+    """Who leads a lock: `identity` and `fencing_token`, both None when nobody does.
+
+    `known` is False (and both None) when Redis has not answered the watch for over a ttl: who
+    leads is unknown, not "nobody".
+    """
 
     identity: str | None
     fencing_token: int | None
+    known: bool = True
+
+
+#: What the watch reports once Redis has not answered it for longer than a ttl.
+UNKNOWN = Leader(None, None, known=False)
 
 
 class LeaderWatch:
@@ -74,6 +86,8 @@ class LeaderWatch:
         key_prefix: str = "elector",
     ) -> None:
         self.lock = checked("lock", check_lock_name, lock)
+        #: Used only in this process: a fork's copy is refused (see api_errors.ForkedElectorError).
+        self._process = ProcessBound(lock=self.lock, what="watch")
         self.timing = build_timing(
             ttl_s=ttl_s,
             renew_interval_s=None,
@@ -92,7 +106,11 @@ class LeaderWatch:
         #: The latest leader seen (None before the first look).
         self.leader: Leader | None = None
 
+    def __reduce_ex__(self, protocol: object) -> tuple[object, ...]:
+        raise refuse_pickling("watch", self.lock)
+
     async def __aenter__(self) -> LeaderWatch:
+        self._process.check()
         if self._settings is None:
             assert self._client is not None
             self._backend = RedisLeaseBackend(self._client, lock=self.lock, key_prefix=self._key_prefix)
@@ -115,6 +133,7 @@ class LeaderWatch:
         self._backend = self._connections = None
 
     def __aiter__(self) -> AsyncIterator[Leader]:
+        self._process.check()
         if self._backend is None:
             raise RuntimeError(f"the watch of lock {self.lock!r} is not open: use `async with`")
         return self._changes(self._backend)
@@ -124,6 +143,7 @@ class LeaderWatch:
         failures = 0
         next_look = boottime()
         last_look = -MIN_LOOK_SPACING_S
+        answered_at = boottime()  # the watch's start counts as an answer: a ttl's grace
         try:
             while True:
                 if subscription is None:
@@ -136,8 +156,12 @@ class LeaderWatch:
                     if looked is None:
                         failures += 1
                         next_look = boottime() + self._retry_delay_s(failures)
+                        if boottime() - answered_at > self.timing.ttl_s and self.leader != UNKNOWN:
+                            self.leader = UNKNOWN
+                            yield UNKNOWN
                     else:
                         failures = 0
+                        answered_at = boottime()
                         leader, next_look = looked
                         if leader != self.leader:
                             self.leader = leader

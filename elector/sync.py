@@ -34,10 +34,12 @@ under it, before the lease can expire on Redis; the process manager restarts it.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 import signal
 import threading
+import warnings
 from collections.abc import Callable, Coroutine, Sequence
 from types import FrameType, TracebackType
 from typing import Any, Literal, TypeVar
@@ -45,7 +47,7 @@ from typing import Any, Literal, TypeVar
 from prometheus_client import CollectorRegistry
 
 from elector import api
-from elector.api_errors import LeadershipLost
+from elector.api_errors import LeadershipLost, refuse_pickling
 from elector.api_params import ElectorConfigError, checked_stand_back, checked_timeout
 from elector.api_signals import SIGTERM_EXIT_CODE
 from elector.api_term import Leadership
@@ -123,6 +125,7 @@ class Elector:
         on_new_leader: Callable[[str | None], object] | None = None,
         registry: CollectorRegistry | None = None,
         on_overrun: OnOverrun = "withhold",
+        fail_fast: bool = False,
     ) -> None:
         if redis is not None and not isinstance(redis, str):
             raise ElectorConfigError(
@@ -150,12 +153,16 @@ class Elector:
             on_stopped_leading=_in_thread(on_stopped_leading),
             on_new_leader=_in_thread(on_new_leader),
             registry=registry,
+            fail_fast=fail_fast,
         )
         self.lock, self.identity, self.timing = self._core.lock, self._core.identity, self._core.timing
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._guard: _OverrunGuard | None = None
         self._closed = False
+
+    def __reduce_ex__(self, protocol: object) -> tuple[object, ...]:
+        raise refuse_pickling("elector.sync.Elector", self.lock)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -169,7 +176,14 @@ class Elector:
         self.close()
 
     def start(self) -> None:
-        """Start the election's thread and contend."""
+        """Start the election's thread and contend.
+
+        The Elector is closed at the interpreter's exit if the program has not closed it (a
+        gunicorn or Celery worker that ends with `sys.exit`): the lease is released, not left
+        to lapse.
+        """
+        self._core._process.check()
+        self._warn_if_on_a_loop("start")
         if self._loop is not None:
             raise RuntimeError(f"the Elector of lock {self.lock!r} was already started")
         self._loop = loop = asyncio.new_event_loop()
@@ -183,11 +197,19 @@ class Elector:
         if self._on_overrun == "exit":
             self._guard = _OverrunGuard(self)
             self._guard.start()
+        atexit.register(self._close_at_exit)
+
+    def _close_at_exit(self) -> None:
+        # Inherited by a forked child too: only the creator's process may release its lease.
+        if not self._core._process.forked:
+            self.close()
 
     def close(self) -> None:
         """Tell running bodies to stop, release a held lease, stop the election's thread."""
+        self._core._process.check()  # a fork's copy must never release the parent's lease
         if self._loop is None or self._closed:
             return
+        atexit.unregister(self._close_at_exit)
         if threading.current_thread() is self._thread:
             raise RuntimeError("close() from a callback would wait for itself: call it from another thread")
         self._closed = True
@@ -204,6 +226,19 @@ class Elector:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
+
+    def _warn_if_on_a_loop(self, method: str) -> None:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        warnings.warn(
+            f"elector.sync.Elector.{method}() of lock {self.lock!r} called on a thread that runs an "
+            "event loop: it blocks that loop while it waits (use elector.Elector in async code, or "
+            "call this from a worker thread: asyncio.to_thread)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run `coro` on the election's loop and wait for it."""
@@ -226,7 +261,7 @@ class Elector:
 
     @property
     def is_leader(self) -> bool:
-        return self._core.is_leader
+        return self._core.is_leader  # refused in a fork's copy
 
     @property
     def releases_withheld(self) -> int:
@@ -240,6 +275,8 @@ class Elector:
 
         `timeout`: seconds, then `elector.LeadershipTimeout` (it says whether Redis was reached).
         """
+        self._core._process.check()
+        self._warn_if_on_a_loop("wait_for_leadership")
         return self._call(self._core.wait_for_leadership(timeout=timeout))
 
     def leadership(
@@ -252,6 +289,7 @@ class Elector:
         (unless `resign_on_exit=False`), standing back `stand_back_s` (default: one ttl).
         `timeout` bounds the wait to lead (`elector.LeadershipTimeout`), never the body.
         """
+        self._core._process.check()
         checked_stand_back(stand_back_s)
         checked_timeout(timeout)
         return SyncLeadershipScope(
@@ -275,6 +313,8 @@ class SyncLeadershipScope:
         if self._entered is not None:
             raise RuntimeError("enter each leadership() block once")
         core = self._elector._core
+        core._process.check()
+        self._elector._warn_if_on_a_loop("leadership")
         pending: list[tuple[_ThreadBody, Leadership]] = []
 
         async def enter() -> tuple[_ThreadBody, Leadership]:
@@ -308,7 +348,12 @@ class SyncLeadershipScope:
         self._elector._on_loop(lambda: _leave(body, term))
         if self._elector._guard is not None:
             self._elector._guard.forget(body)
-        if body.lost is None and self._resign_on_exit:
+        # Not resigned: a block left by SIGTERM or Ctrl-C (the Elector's close follows and steps
+        # down for `shutdown`), or by a `check()` that found the validity run out (the election
+        # steps down for `lease_expired`): the log says what the exception says.
+        expired = isinstance(exc, LeadershipLost) and term.remaining() <= 0.0
+        ending = expired or isinstance(exc, SystemExit | KeyboardInterrupt)
+        if body.lost is None and self._resign_on_exit and not ending:
             core = self._elector._core
 
             async def resign() -> None:

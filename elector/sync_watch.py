@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
+from elector.api_errors import refuse_pickling
 from elector.api_params import ElectorConfigError, factory_of
 from elector.api_watch import Leader, LeaderWatch
 
@@ -55,8 +56,13 @@ class LeaderWatcher:
 
     @property
     def leader(self) -> Leader | None:
-        """The latest leader seen (None before the first look answered)."""
+        """The latest leader seen (None before the first look answered); refused in a fork's
+        copy, whose watching thread does not exist (`elector.ForkedElectorError`)."""
+        self._watch._process.check()
         return self._watch.leader
+
+    def __reduce_ex__(self, protocol: object) -> tuple[object, ...]:
+        raise refuse_pickling("watch", self._watch.lock)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -78,6 +84,7 @@ class LeaderWatcher:
 
     def close(self) -> None:
         """Stop watching and wait for the thread (its connections are closed)."""
+        self._watch._process.check()
         if self._thread.is_alive():
             task = self._task
             if task is not None:

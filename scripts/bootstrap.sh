@@ -73,6 +73,23 @@ else
     "$VENV/bin/python" -m pip install --quiet --upgrade pip </dev/null
 fi
 
+# uWSGI (in the dev extra: its recipe runs under the real server) has no wheel: pip builds it
+# with a C compiler against the Python headers (and libpython), which a bare Debian lacks.
+build_tools_ok() {
+    command -v gcc >/dev/null 2>&1 && "$VENV/bin/python" -c \
+        'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'
+}
+if [[ ,$EXTRAS, == *,dev,* ]] && ! build_tools_ok; then
+    version=$(version_of "$VENV/bin/python")
+    if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+        die "the dev extra builds uWSGI from source: it needs gcc and the Python ${version} headers. Install them, then run make again:
+    sudo apt-get install -y gcc python${version}-dev     (Debian/Ubuntu)"
+    fi
+    say "installing gcc and python${version}-dev with apt-get (uWSGI is built from source)"
+    apt-get update -qq
+    apt-get install -y -qq gcc "python${version}-dev" </dev/null || apt-get install -y -qq gcc python3-dev </dev/null
+fi
+
 say "installing elector with [$EXTRAS] into $VENV (pip log: $VENV/pip-install.log)"
 if ! "$VENV/bin/python" -m pip install -e ".[$EXTRAS]" </dev/null >"$VENV/pip-install.log" 2>&1; then
     tail -n 40 "$VENV/pip-install.log" >&2

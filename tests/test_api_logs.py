@@ -27,4 +27,5 @@ def test_each_new_kind_of_error_in_an_outage_is_one_warning(caplog: pytest.LogCa
     log.observe(CycleOutcome(kind=OutcomeKind.HELD, state=State.FOLLOWER, at=5.0, duration_s=0.001))
     log.observe(_failure("data", at=6.0))
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warned) == 3 and "unreachable" in warned[2].getMessage()
+    # Redis answered this time (with an error): said so, not "unreachable".
+    assert len(warned) == 3 and "Redis answered with an error (data error)" in warned[2].getMessage()

@@ -24,7 +24,8 @@ def translate_error(exc: Exception, *, what: str, keys: str = "") -> LeaseBacken
     if isinstance(exc, TimeoutError | redis.exceptions.TimeoutError):
         return LeaseBackendError(f"{what}: Redis did not answer in time", kind=BackendErrorKind.TIMEOUT)
     if isinstance(exc, redis.exceptions.AuthenticationError | redis.exceptions.NoPermissionError):
-        return LeaseBackendError(f"{what}: Redis refused access: {exc}", kind=BackendErrorKind.AUTH)
+        refused = _access_refused(exc)
+        return LeaseBackendError(f"{what}: Redis refused access: {refused}", kind=BackendErrorKind.AUTH)
     if isinstance(exc, redis.exceptions.ConnectionError | OSError):
         return LeaseBackendError(f"{what}: cannot reach Redis: {exc}", kind=BackendErrorKind.CONNECTION)
     if isinstance(exc, redis.exceptions.ResponseError):
@@ -57,6 +58,15 @@ def _translate_response(exc: redis.exceptions.ResponseError, *, what: str, keys:
     if text.startswith(("NOAUTH", "WRONGPASS", "NOPERM")):
         return LeaseBackendError(f"{what}: Redis refused access: {text}", kind=BackendErrorKind.AUTH)
     return LeaseBackendError(f"{what}: Redis answered an error: {text}", kind=BackendErrorKind.SERVER)
+
+
+def _access_refused(exc: Exception) -> str:
+    """redis-py's words for a server that wants a password and got none are the protocol's
+    (`HELLO must be called with the client already authenticated, ...`): said plainly instead."""
+    text = str(exc)
+    if text.startswith(("HELLO must be called with the client already", "Authentication required")):
+        return "it requires a password and none was given (redis://:PASSWORD@host:port/db, or user:PASSWORD@)"
+    return text
 
 
 def invalid_request(what: str, problem: str) -> LeaseBackendError:
