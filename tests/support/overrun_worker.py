@@ -10,7 +10,7 @@ while anything holds the GIL, it stops. MODE:
 * `hold-sleep`, `hold-regex` (with `on_overrun="exit"`): leads, journals `grant`, then `work`
   every 5 ms until GO_FILE exists, then journals `hold` and calls C code that holds the GIL for
   about 10 s: `sleep(10)` of the C library through `ctypes.PyDLL` (which, unlike `ctypes.CDLL`,
-  keeps the GIL during the call), or a regex that backtracks (`(a+)+$` on 28 a's and a b).
+  keeps the GIL during the call), or a regex that backtracks (`(a+)+$` on 27 a's and a b).
 * `follow`: contends and, once granted, journals `grant` and goes on leading (`work` lines, each
   after `lease.check()`).
 
@@ -38,7 +38,7 @@ def hold_the_gil(mode: str) -> None:
     if mode == "hold-sleep":
         ctypes.PyDLL(None).sleep(HOLD_S)
     else:
-        re.match(r"(a+)+$", "a" * 28 + "b")
+        re.match(r"(a+)+$", "a" * 27 + "b")
 
 
 def main(url: str, lock: str, identity: str, *, ttl_s: float, journal_path: str, mode: str, go: str) -> None:
