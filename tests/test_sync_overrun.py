@@ -38,9 +38,9 @@ GONE_WITHIN_S = 30.0
 class Worker:
     def __init__(self, url: str, identity: str, journal: Path, mode: str, go: Path) -> None:
         self.identity = identity
+        args = [url, LOCK, identity, str(TTL_S), str(journal), mode, str(go)]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.overrun_worker", url, LOCK, identity, str(TTL_S)]
-            + [str(journal), mode, str(go)],
+            [sys.executable, "-m", "tests.support.overrun_worker", *args],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             text=True,
