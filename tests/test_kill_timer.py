@@ -54,6 +54,18 @@ def test_an_armed_timer_kills_its_process_while_a_c_call_holds_the_gil() -> None
     assert done.stdout.split() == ["armed"]
 
 
+def test_an_armed_timer_kills_its_process_while_it_is_stopped() -> None:
+    done = run("""
+        import signal
+        timer = KillTimer.create()
+        timer.arm_at(boottime() + 0.2)
+        os.kill(os.getpid(), signal.SIGSTOP)  # nobody sends SIGCONT
+        print("survived")
+    """)
+    assert done.returncode == -signal.SIGKILL
+    assert done.stdout == ""
+
+
 def test_a_disarmed_or_re_armed_later_timer_does_not_fire() -> None:
     done = run("""
         timer = KillTimer.create()
