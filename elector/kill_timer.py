@@ -72,36 +72,42 @@ class KillTimer:
         A deadline already past kills at once."""
         if not math.isfinite(deadline):
             raise ValueError(f"deadline must be a finite clock reading, not {deadline!r}")
+        if not self._owned():
+            return
         with self._lock:
-            if not self._owned():
-                return
             # A zero it_value would disarm: the earliest arming is one nanosecond after boot.
             seconds = max(deadline, 1e-9)
             self._api.settime(self._timer_id, seconds)
             self.armed_at = deadline
 
     def disarm(self) -> None:
+        if not self._owned():
+            return
         with self._lock:
-            if not self._owned() or self.armed_at is None:
+            if self.armed_at is None:
                 return
             self._api.settime(self._timer_id, 0.0)
             self.armed_at = None
 
     def close(self) -> None:
-        """Disarm and delete the timer (in a forked child: forget it, the child has none)."""
+        """Disarm and delete the timer (in a forked child: nothing, the child has none)."""
+        if os.getpid() != self._owner_pid:
+            return
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             self.armed_at = None
-            if os.getpid() == self._owner_pid:
-                self._api.delete(self._timer_id)
+            self._api.delete(self._timer_id)
 
     def _owned(self) -> bool:
-        """Whether the timer is live and this process's own (not a copy made by fork)."""
+        """Whether the timer is this process's own, not a copy made by fork; looked at before
+        the lock, which a fork may have copied held."""
+        if os.getpid() != self._owner_pid:
+            return False
         if self._closed:
             raise RuntimeError("the kill timer was closed")
-        return os.getpid() == self._owner_pid
+        return True
 
 
 class _TimerApi:

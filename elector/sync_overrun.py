@@ -58,7 +58,7 @@ class OverrunGuard:
     """Ends the process when a body outlives its term's bounds (module doc)."""
 
     def __init__(self, *, lock: str, timing: ElectionTiming) -> None:
-        self._lock_name = lock
+        self._owner_pid = os.getpid()
         self._timing = timing
         self._grace_s = kill_grace_s(timing)
         self._lock = threading.Lock()
@@ -83,6 +83,8 @@ class OverrunGuard:
     def stop(self) -> None:
         """Stop the guard thread and delete the kernel timer."""
         self._stopped = True
+        if os.getpid() != self._owner_pid:
+            return  # a forked child has neither the thread nor the timer
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join()
@@ -93,6 +95,8 @@ class OverrunGuard:
 
     def watch(self, body: OverrunBody, term: Leadership) -> None:
         """`body` runs in `term` from now on (called right after it entered)."""
+        if os.getpid() != self._owner_pid:
+            return  # a forked child: no guard thread, no timer (and a lock fork may have copied held)
         now = boottime()  # read first: now + remaining never passes the real validity end
         valid_until = now + term.remaining()
         with self._lock:
@@ -102,6 +106,8 @@ class OverrunGuard:
 
     def forget(self, body: OverrunBody) -> None:
         """`body` left its block: nothing of it to stop any more."""
+        if os.getpid() != self._owner_pid:
+            return
         with self._lock:
             if self._bodies.pop(body, None) is not None:
                 self._rearm()
