@@ -11,6 +11,7 @@ by a Python thread of its own.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -36,8 +37,9 @@ GONE_WITHIN_S = 30.0
 
 
 class Worker:
+    """A worker process (tests/support/overrun_worker.py), started and READY; killed at the exit."""
+
     def __init__(self, url: str, identity: str, journal: Path, mode: str, go: Path) -> None:
-        self.identity = identity
         args = [url, LOCK, identity, str(TTL_S), str(journal), mode, str(go)]
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.support.overrun_worker", *args],
@@ -45,11 +47,16 @@ class Worker:
             stdout=subprocess.PIPE,
             text=True,
         )
-        assert self.process.stdout is not None
-        assert self.process.stdout.readline().strip() == "READY"
 
-    def stop(self) -> None:
-        if self.process.poll() is None:
+    def __enter__(self) -> Worker:
+        assert self.process.stdout is not None
+        if self.process.stdout.readline().strip() != "READY":
+            self.__exit__()
+            raise AssertionError("the worker did not start (its stderr is above)")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
             self.process.kill()
         self.process.wait(timeout=10)
 
@@ -97,24 +104,22 @@ def events(journal: list[tuple[str, str, int, float]], identity: str, event: str
 
 
 @pytest.fixture
-def workers(redis_url: str) -> Iterator[list[Worker]]:
-    client = redis.Redis.from_url(redis_url)
-    seed_used_lock(client, LOCK)
-    client.close()
-    started: list[Worker] = []
-    yield started
-    for worker in started:
-        worker.stop()
+def workers(redis_url: str) -> Iterator[contextlib.ExitStack]:
+    """Where a test enters its workers: each is killed when the test ends, however it ends."""
+    with redis.Redis.from_url(redis_url) as client:
+        seed_used_lock(client, LOCK)
+    with contextlib.ExitStack() as stack:
+        yield stack
 
 
 @pytest.mark.parametrize("mode", ["hold-sleep", "hold-regex"])
 def test_a_leader_whose_body_holds_the_gil_is_gone_before_its_successor_is_granted(
-    redis_url: str, workers: list[Worker], tmp_path: Path, mode: str
+    redis_url: str, workers: contextlib.ExitStack, tmp_path: Path, mode: str
 ) -> None:
     journal, go = tmp_path / "journal", tmp_path / "go"
-    workers.append(a := Worker(redis_url, "a", journal, mode, go))
+    a = workers.enter_context(Worker(redis_url, "a", journal, mode, go))
     wait_until(lambda: events(read_journal(journal), "a", "grant"), timeout_s=GRANT_WITHIN_S)
-    workers.append(Worker(redis_url, "b", journal, "follow", go))
+    workers.enter_context(Worker(redis_url, "b", journal, "follow", go))
     watch = DeathWatch(a.process.pid)
     go.touch()  # a's body now holds the GIL in C for about 10 s
     wait_until(lambda: events(read_journal(journal), "b", "grant"), timeout_s=GRANT_WITHIN_S, every_s=0.05)
