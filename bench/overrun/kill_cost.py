@@ -185,7 +185,7 @@ def run(ctx: Context) -> BenchResult:
             "inherited by fork without any code of ours, where a watchdog needs PR_SET_PDEATHSIG "
             "(armed from the right thread) and a check that its parent is still the one it "
             "guards.",
-            f"Measured on a 2-core machine shared with other work (load average {load[0]:.1f} "
+            f"Measured on a 2-core machine shared with other sessions' work (load average {load[0]:.1f} "
             f"{load[1]:.1f} {load[2]:.1f} at the end): the latencies include this observer's own "
             "wake-up.",
         ],
