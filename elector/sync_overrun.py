@@ -8,8 +8,8 @@ Private (elector.sync uses it). Two stops, one behind the other:
 * A kernel timer (kill_timer.py) SIGKILLs the process `kill_grace_s` after the latest validity end,
   for when no Python thread of the process can run then: a C call holding the GIL, a SIGSTOP.
   It is armed while a body runs in a term and re-armed by the election's loop at each renewal,
-  before anything else sees the renewal; disarmed when the last body has left its block; deleted
-  at `close()`. A forked child inherits no timer (and a copied `KillTimer` does nothing there).
+  first thing in the Elector's outcome hook; disarmed when the last body has left its block;
+  deleted at `close()`. A forked child inherits no timer (and a copied `KillTimer` does nothing there).
 
 The kernel timer never fires before the guard thread's own deadline (it is `kill_grace_s` past
 the validity end, which bounds that deadline), so it never ends a process the guard would let
