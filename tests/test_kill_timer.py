@@ -130,6 +130,14 @@ with elector.sync.Elector("jobs", redis=url, identity="a", ttl_s=2.0, on_overrun
             armed.add(armed_at)
             time.sleep(0.01)
         print("re-armed", len(armed) >= 4, flush=True)
+        # A C call that holds the GIL well inside the validity: renewals resume after it, nothing
+        # is killed (the timer is at least validity - renew interval = 1.175 s ahead).
+        import ctypes
+        ctypes.PyDLL(None).usleep(500_000)
+        lease.check()
+        time.sleep(0.7)  # a renewal or two after it
+        lease.check()
+        print("outlived a short hold", flush=True)
         child = os.fork()
         if child == 0:  # a fork of the leader: no timer aimed at it
             time.sleep(2.0)
@@ -151,6 +159,7 @@ def test_the_guard_re_arms_at_renewals_disarms_when_the_body_left_and_deletes_at
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         "re-armed True",
+        "outlived a short hold",
         "after the block None",
         "fork child 0",
         "closed True",
