@@ -23,6 +23,7 @@ from bench.harness.context import Context, machine_facts
 from bench.lease import handoff, idle_requests, idle_resources, startup, takeover
 from bench.library_peers import benchmark as library_peers
 from bench.many_locks import benchmark as many_locks
+from bench.overrun import kill_cost as overrun_kill
 from bench.peers import benchmark as peers
 
 BENCHMARKS: list[ModuleType] = [
@@ -35,6 +36,7 @@ BENCHMARKS: list[ModuleType] = [
     many_locks,
     peers,
     library_peers,
+    overrun_kill,
 ]
 NAMES = [module.NAME for module in BENCHMARKS]
 DOCS = REPO / "docs" / "benchmarks.md"

@@ -214,6 +214,9 @@ class Elector:
         self._log = ElectionLog(lock=self.lock, identity=self.identity, ttl_s=self.timing.ttl_s)
         #: Bodies (and the stop callback) of ended terms that outlived stop_work_s, still running.
         self._late_work = LateWork(lock=self.lock, identity=self.identity)
+        #: Called first with each cycle's outcome, on the election's task (the sync API's
+        #: on_overrun="exit" re-arms its kernel timer there at each renewal).
+        self._outcome_listeners: list[Callable[[CycleOutcome], None]] = []
 
     def __reduce_ex__(self, protocol: object) -> tuple[object, ...]:
         raise refuse_pickling("Elector", self.lock)
@@ -413,6 +416,8 @@ class Elector:
     # -- election hooks (run in the election's task) -------------------------------------------
 
     def _outcome(self, outcome: CycleOutcome) -> None:
+        for listener in self._outcome_listeners:
+            listener(outcome)
         news, self._news = self._news, asyncio.Event()
         news.set()
         if outcome.kind is OutcomeKind.RELEASE_WITHHELD:

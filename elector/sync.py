@@ -28,7 +28,9 @@ must look: before each step of work, and with each write's fencing token. A body
 (a socket, a C extension, `time.sleep`) only sees it when the call returns. For work that cannot be
 interrupted that way, `on_overrun="exit"` ends the whole process (`os._exit(OVERRUN_EXIT_CODE)`)
 when a body is still running at `stop_work_s` after its term ended, or when the validity runs out
-under it, before the lease can expire on Redis; the process manager restarts it.
+under it, before the lease can expire on Redis; the process manager restarts it. When no thread of
+the process can run then (a C call holding the GIL, a SIGSTOP), a kernel timer SIGKILLs it at
+the validity end instead (sync_overrun.py).
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
-import os
 import signal
 import threading
 import warnings
@@ -55,6 +56,7 @@ from elector.api_watch import Leader
 from elector.election import ElectionStatus, StepDownReason
 from elector.election.clock import boottime
 from elector.sync_fencing import FencedStore
+from elector.sync_overrun import OVERRUN_EXIT_CODE, OverrunGuard
 from elector.sync_watch import LeaderWatcher, watch
 
 __all__ = [
@@ -72,8 +74,6 @@ logger = logging.getLogger("elector.api")
 
 T = TypeVar("T")
 
-#: The exit status of a process ended by `on_overrun="exit"` (EX_SOFTWARE).
-OVERRUN_EXIT_CODE = 70
 OnOverrun = Literal["withhold", "exit"]
 
 
@@ -158,7 +158,7 @@ class Elector:
         self.lock, self.identity, self.timing = self._core.lock, self._core.identity, self._core.timing
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._guard: _OverrunGuard | None = None
+        self._guard: OverrunGuard | None = None
         self._closed = False
 
     def __reduce_ex__(self, protocol: object) -> tuple[object, ...]:
@@ -195,7 +195,8 @@ class Elector:
             self._stop_loop()
             raise
         if self._on_overrun == "exit":
-            self._guard = _OverrunGuard(self)
+            self._guard = OverrunGuard(lock=self.lock, timing=self.timing)
+            self._core._outcome_listeners.append(self._guard.renewed)  # re-armed at each renewal
             self._guard.start()
         atexit.register(self._close_at_exit)
 
@@ -344,10 +345,10 @@ class SyncLeadershipScope:
         assert self._entered is not None
         body, term = self._entered
         # Unregister first, and in a call nothing can cancel: from now on a step-down neither
-        # tells nor waits for us.
-        self._elector._on_loop(lambda: _leave(body, term))
+        # tells nor waits for us (nor ends the process for us: the guard forgets us before that).
         if self._elector._guard is not None:
             self._elector._guard.forget(body)
+        self._elector._on_loop(lambda: _leave(body, term))
         # Not resigned: a block left by SIGTERM or Ctrl-C (the Elector's close follows and steps
         # down for `shutdown`), or by a `check()` that found the validity run out (the election
         # steps down for `lease_expired`): the log says what the exception says.
@@ -373,76 +374,6 @@ def _leave(body: _ThreadBody, term: Leadership) -> None:
     term._scopes.discard(body)
     if not body.exited.done():
         body.exited.set_result(None)
-
-
-class _OverrunGuard:
-    """`on_overrun="exit"`: ends the process when a body outlives its term's bounds.
-
-    A thread of its own (not the election's loop, which a body cannot block but which is not
-    needed to see the time run out): it samples each running body's validity while its term is
-    active, and exits the process once a body is still running at the earlier of its term's end
-    plus `stop_work_s` and the last validity seen.
-    """
-
-    def __init__(self, elector: Elector) -> None:
-        self._elector = elector
-        self._lock = threading.Lock()
-        self._bodies: dict[_ThreadBody, tuple[Leadership, float]] = {}  # -> (term, valid until)
-        self._wake = threading.Event()
-        self._stopped = False
-        self._thread = threading.Thread(target=self._run, name=f"elector:{elector.lock}:overrun", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopped = True
-        self._wake.set()
-        self._thread.join()
-
-    def watch(self, body: _ThreadBody, term: Leadership) -> None:
-        with self._lock:
-            self._bodies[body] = (term, boottime() + term.remaining())
-        self._wake.set()
-
-    def forget(self, body: _ThreadBody) -> None:
-        with self._lock:
-            self._bodies.pop(body, None)
-
-    def _run(self) -> None:
-        timing = self._elector.timing
-        period_s = min(timing.renew_interval_s / 2, max(timing.stop_work_s, 0.01))
-        while not self._stopped:
-            now = boottime()
-            next_look = now + period_s
-            with self._lock:
-                for body, (term, seen_valid_until) in list(self._bodies.items()):
-                    valid_until = seen_valid_until
-                    if body.lost is None:
-                        remaining = term.remaining()
-                        if remaining > 0.0:
-                            valid_until = max(valid_until, now + remaining)
-                            self._bodies[body] = (term, valid_until)
-                        deadline = valid_until
-                    else:
-                        assert body.lost_at is not None
-                        deadline = min(body.lost_at + timing.stop_work_s, valid_until)
-                    if now >= deadline:
-                        self._exit(term, body)
-                    next_look = min(next_look, deadline)
-            self._wake.wait(max(0.0, next_look - boottime()))
-            self._wake.clear()
-
-    def _exit(self, term: Leadership, body: _ThreadBody) -> None:
-        logger.critical(
-            "lock %r: leader work of fencing token %s still running %s; ending the process "
-            "(on_overrun='exit') before the lease can expire",
-            term.lock,
-            term.fencing_token,
-            f"after its term ended ({body.lost})" if body.lost else "when its validity ran out",
-            extra={"lock": term.lock, "identity": term.identity, "fencing_token": term.fencing_token},
-        )
-        os._exit(OVERRUN_EXIT_CODE)
 
 
 def _in_thread(callback: Callable[[Any], object] | None) -> Callable[[Any], Coroutine[Any, Any, None]] | None:

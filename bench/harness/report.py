@@ -94,7 +94,8 @@ def render_header(run: RunInfo, results: Sequence[BenchResult]) -> str:
         "",
         "Written by `python -m bench` (the `bench/` package, `make bench`); do not edit by hand. "
         "Each section names the module that measured it: bench/lease/ (one lock: takeover, handoff, "
-        "idle, start-up), bench/many_locks/, bench/peers/ and bench/library_peers/; bench/harness/ "
+        "idle, start-up), bench/many_locks/, bench/peers/, bench/library_peers/ and bench/overrun/ "
+        "(on_overrun='exit'); bench/harness/ "
         "runs them and writes this page, bench/servers/ finds or installs etcd and ZooKeeper.",
         "Measurements on a small, noisy machine, not pass/fail tests: every figure below is what was "
         "measured, including the targets it misses.",
