@@ -150,7 +150,7 @@ extraVolumeMounts: []
 
 {{/* The library's appVersion: the image tag when image.tag is empty (a test keeps it equal to Chart.yaml). */}}
 {{- define "elector-sidecar.appVersion" -}}
-0.1.0
+0.2.0
 {{- end }}
 
 {{/* Keys of the defaults whose values are free-form Kubernetes objects (not checked for unknown keys). */}}
