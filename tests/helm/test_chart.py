@@ -5,6 +5,7 @@ drain, the extension points, the app's ELECTOR_LEADER_URL."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable
@@ -111,7 +112,7 @@ def test_defaults_render_workload_objects(render: Render) -> None:
 
 def test_sidecar_defaults(render: Render) -> None:
     sidecar = container(render({}), "elector")
-    assert sidecar["image"] == "ghcr.io/elector-dev/elector:0.1.0"
+    assert sidecar["image"] == "ghcr.io/elector-dev/elector:0.2.0"
     assert sidecar["args"] == ["run"]
     assert env_of(sidecar) == {
         "POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},
@@ -297,7 +298,11 @@ def test_dashboard_configmap(render: Render, chart_dir: Path) -> None:
     configmap = find(docs, "ConfigMap", "demo-elector-dashboard")
     assert configmap["metadata"]["namespace"] == "monitoring"
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
-    assert configmap["data"]["elector.json"] == (chart_dir / "files/dashboard.json").read_text().rstrip("\n")
+    # The file's dashboard, with a uid and title of this release's (tests/helm/test_monitoring_values.py).
+    rendered = json.loads(configmap["data"]["elector.json"])
+    file = json.loads((chart_dir / "files/dashboard.json").read_text())
+    assert rendered["uid"] != file["uid"] and "(apps/demo-elector)" in rendered["title"]
+    assert {**rendered, "uid": file["uid"], "title": file["title"]} == file
     assert not [d for d in render({}) if d["kind"] == "ConfigMap"]
 
 
@@ -401,7 +406,7 @@ def test_names_and_labels(render: Render) -> None:
         labels = doc["metadata"]["labels"]
         assert labels["team"] == "platform"
         assert labels["helm.sh/chart"] == "elector-0.2.0"
-        assert labels["app.kubernetes.io/version"] == "0.1.0"
+        assert labels["app.kubernetes.io/version"] == "0.2.0"
     assert env_of(container(docs, "elector"))["ELECTOR_LOCK"] == "apps/jobs"
     long_name = "x" * 70
     for doc in render({"fullnameOverride": long_name}):
@@ -590,7 +595,7 @@ def test_extension_points_reach_the_pod(render: Render, chart_dir: Path) -> None
     app, sidecar = container(docs, "app"), container(docs, "elector")
     # global.imageRegistry replaces the registry of both images
     assert app["image"] == "registry.example.com/mirror/pause:3.9"
-    assert sidecar["image"] == "registry.example.com/mirror/elector-dev/elector:0.1.0"
+    assert sidecar["image"] == "registry.example.com/mirror/elector-dev/elector:0.2.0"
     # global.imagePullSecrets (a name), the elector image's pullSecrets ({name}), each once
     assert spec["imagePullSecrets"] == [{"name": "mirror-pull"}, {"name": "ghcr"}]
     assert [c["name"] for c in spec["initContainers"]] == ["wait-for-redis"]
