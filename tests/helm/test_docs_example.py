@@ -133,6 +133,10 @@ def test_the_chart_renders_the_sidecar_as_the_page_says(billing: list[dict[str, 
     assert {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v} == {"redis-auth"}
     assert [p["name"] for p in containers["elector"]["ports"]] == ["elector-http"]
     assert containers["elector"]["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    # Issue 42: no API token in a pod that never calls the API; the replicas spread over nodes.
+    assert pod["automountServiceAccountToken"] is False
+    (spread,) = pod["topologySpreadConstraints"]
+    assert spread["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
     # The grace period the comment explains: preStop sleep + linger + 10 s of drain, at least.
     pre_stop = containers["elector"]["lifecycle"]["preStop"]["exec"]["command"]
     assert pod["terminationGracePeriodSeconds"] >= int(pre_stop[-1]) + 30 + 10
