@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # elector's container image: see docs/image.md.
 #
-#   docker build -t ghcr.io/elector-dev/elector:0.1.0 --build-arg VERSION=0.1.0 .
+#   docker build -t ghcr.io/elector-dev/elector:0.2.0 --build-arg VERSION=0.2.0 .
 #
 # tests/image/test_install.py replays the install steps below without Docker, and
 # tests/image/test_dockerfile.py checks this file against the CLI and the Helm chart.
@@ -35,7 +35,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
 # ---------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime
 
-ARG VERSION=0.1.0
+ARG VERSION=0.2.0
 
 LABEL org.opencontainers.image.title="elector" \
       org.opencontainers.image.description="Leader election for Kubernetes workloads on a Redis lease, with fencing tokens, probes and metrics" \

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from elector._version import __version__  # the release (elector/_version.py)
 
 if TYPE_CHECKING:
     from elector.api import (

@@ -19,15 +19,18 @@ Redis failing. The daemon picks it with `--metrics-per-lock` (see `per_lock_metr
 from __future__ import annotations
 
 import dataclasses
+import platform
 from collections.abc import Callable, Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from elector._version import __version__
+from elector.backend.protocol import PROTOCOL
 from elector.election.outcome import CycleOutcome, ElectionStatus, OutcomeKind, StepDownReason
 from elector.lease import BackendErrorKind
 
@@ -467,7 +470,20 @@ def _error_kind(outcome: CycleOutcome) -> str:
 
 
 def register_process_metrics(registry: CollectorRegistry) -> None:
-    """Add the standard process_*, python_info and python_gc_* metrics to `registry`."""
+    """Add the standard process_*, python_info and python_gc_* metrics, and elector_build_info,
+    to `registry`."""
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
+    register_build_info(registry)
+
+
+def register_build_info(registry: CollectorRegistry) -> None:
+    """`elector_build_info{version, python, protocol} 1`: which release each replica runs, so that
+    a mixed fleet (a rolling upgrade, a pod left behind) shows in one query."""
+    Info(
+        "elector_build",
+        "Always 1, labelled with this process's elector version, its Python version and the lease "
+        "protocol version it writes to Redis.",
+        registry=registry,
+    ).info({"version": __version__, "python": platform.python_version(), "protocol": str(PROTOCOL)})

@@ -20,7 +20,7 @@ from typing import NoReturn
 
 import click
 
-from elector import __version__
+from elector._version import __version__
 from elector.cli.demo import demo
 from elector.cli.handoff import handoff
 from elector.cli.leader_file import leader_file

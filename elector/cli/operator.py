@@ -29,6 +29,7 @@ from elector.cli.options import (
     invalid_setting,
     options,
     redis_connection,
+    refuse_unknown_variables,
 )
 
 #: The Redis of the operator's own lease, as `elector run` takes its Redis.
@@ -76,6 +77,7 @@ def operator(*, redis: RedisConnection, log_format: str, log_level: str, **param
     from elector.daemon.settings import SettingsError
     from elector.kube.operator import command
 
+    refuse_unknown_variables()
     if command.kopf_missing():
         raise click.UsageError(command.INSTALL_HINT)
     try:

@@ -14,10 +14,11 @@ and `elector leader-file check` runs every second as a probe.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import re
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -173,6 +174,88 @@ def invalid_setting(exc: SettingsError) -> click.UsageError:
     ]
     source = f" (set by {', '.join(variables)})" if variables else ""
     return click.UsageError(f"invalid setting {exc.setting}{source}: {in_flags(exc.message)}")
+
+
+# --- ELECTOR_* variables that are no setting ----------------------------------------------------
+
+#: `ELECTOR_*` variables set legitimately where elector runs that no setting reads (docs/helm.md
+#: lists them). Any other `ELECTOR_*` variable that is not a setting of the command stops `elector
+#: run` and `elector operator` (`refuse_unknown_variables`): `ELECTOR_TLL=5s` must not leave the
+#: default ttl in force unnoticed.
+NOT_SETTINGS = {
+    # Given to the application container by the charts (elector-sidecar.appEnv); an `envFrom`
+    # shared by the app and the sidecar hands it to the daemon too.
+    "ELECTOR_LEADER_URL": "the app container's URL of the sidecar's /leader (elector-sidecar.appEnv)",
+    # Exec mode gives its command ELECTOR_LOCK, ELECTOR_IDENTITY (settings too) and these two: a
+    # command that runs elector itself inherits them.
+    "ELECTOR_FENCING_TOKEN": "exec mode: the fencing token, in the command's environment",
+    "ELECTOR_LEASE_TTL_MS": "exec mode: the lease's ttl, in the command's environment",
+    # Test and demo hooks (elector/testing, elector/daemon/testing_hooks.py, elector demo).
+    "ELECTOR_REDIS_SERVER": "the redis-server binary of `elector demo` and the tests",
+    "ELECTOR_DEMO_KEEP_LOGS": "`elector demo` keeps its daemons' logs",
+    "ELECTOR_TESTING_BLOCK_LOOP_ON_SIGUSR2_S": "a fault-injection hook of the tests (off by default)",
+    # This repository's tests, benchmarks and image build, exported in a developer's shell.
+    "ELECTOR_REDIS_TLS_SERVER": "the tests' TLS-capable redis-server",
+    "ELECTOR_IMAGE_CACHE": "the image tests' cache directory",
+    "ELECTOR_DEBIAN_MIRROR": "the image tests' Debian mirror",
+    "ELECTOR_CACHE_DIR": "the cache of scripts/checkov-venv.sh",
+    "ELECTOR_BENCH_RUNTIME_VENV": "the benchmarks' runtime virtualenv",
+    "ELECTOR_TEST_BACKSTOP_DIR": "the tests' timeout backstop reports",
+    "ELECTOR_FUZZ_EXAMPLES": "the HTTP fuzz test's number of examples",
+}
+VARIABLE_PREFIX = "ELECTOR_"
+
+
+def _variables_of(command: click.Command) -> set[str]:
+    return {param.envvar for param in command.params if isinstance(param.envvar, str)}
+
+
+def unknown_variables(
+    command: click.Command, environ: Mapping[str, str], *, siblings: Mapping[str, click.Command] | None = None
+) -> list[str]:
+    """What is wrong with each `ELECTOR_*` variable of `environ` that is no setting of `command` (nor in
+    NOT_SETTINGS), one sentence each naming it and, when one is close, the setting it may have meant.
+
+    `siblings`: the other commands of the program, whose variables are named as theirs."""
+    own = _variables_of(command)
+    theirs: dict[str, str] = {}
+    for name, sibling in sorted((siblings or {}).items()):
+        for variable in _variables_of(sibling) - own:
+            theirs.setdefault(variable, name)
+    problems = []
+    for variable in sorted(environ):
+        if not variable.startswith(VARIABLE_PREFIX) or variable in own or variable in NOT_SETTINGS:
+            continue
+        if variable in theirs:
+            problems.append(
+                f"{variable} is a setting of `elector {theirs[variable]}`, not of `elector {command.name}`"
+            )
+            continue
+        close = difflib.get_close_matches(variable, sorted(own), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        problems.append(f"{variable} is no setting of `elector {command.name}`{hint}")
+    return problems
+
+
+def refuse_unknown_variables(environ: Mapping[str, str] | None = None) -> None:
+    """Exit 2 (a UsageError) when an `ELECTOR_*` variable is no setting of the running command.
+
+    For the commands whose settings come from a pod's environment: `elector run` and `elector
+    operator` (not `status` or `handoff`, typed into a shell that may be the sidecar's)."""
+    import os
+
+    ctx = click.get_current_context()
+    root = ctx.find_root().command
+    siblings = dict(root.commands) if isinstance(root, click.Group) else {}
+    siblings.pop(str(ctx.command.name), None)
+    problems = unknown_variables(ctx.command, os.environ if environ is None else environ, siblings=siblings)
+    if problems:
+        raise click.UsageError(
+            "unknown ELECTOR_* environment variable: "
+            + "; ".join(problems)
+            + f" (`elector {ctx.command.name} --help` lists every setting's variable; the ELECTOR_* "
+            "variables that are no setting are listed in docs/helm.md)"
+        )
 
 
 # --- Redis: every command that reaches it ------------------------------------------------------

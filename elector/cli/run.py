@@ -8,7 +8,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from elector.cli.options import CONTEXT, RUN_OPTIONS, invalid_setting, options
+from elector.cli.options import CONTEXT, RUN_OPTIONS, invalid_setting, options, refuse_unknown_variables
 
 # help= and not a docstring: the image runs with PYTHONOPTIMIZE=2, which strips docstrings.
 HELP = """Compete for each LOCK; lead while holding it; publish the role over HTTP and metrics.
@@ -32,6 +32,7 @@ def run(*, command: tuple[str, ...], **params: Any) -> None:
     # The daemon pulls in redis, asyncio and structlog (~0.3 s): imported only when it runs.
     from elector.daemon.settings import SettingsError, build_settings
 
+    refuse_unknown_variables()
     if not params["lock"] and params["locks_file"] is None:
         raise click.UsageError("invalid setting --lock: missing (give --lock NAME or set ELECTOR_LOCK)")
     # Two rules about where a value came from, which only the command line knows.

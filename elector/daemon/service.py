@@ -22,6 +22,7 @@ from typing import Any, cast
 import prometheus_client
 from prometheus_client import CollectorRegistry
 
+from elector._version import __version__
 from elector.backend.topologies.factory import LeaseConnections
 from elector.backend.topologies.sentinel_watch import default_poll_interval_s, watch_master
 from elector.daemon.execmode.runner import ExecMode, keeper_margin_s
@@ -231,6 +232,7 @@ class Daemon:
             await self._reaper.start()
         self.log.info(
             "started",
+            version=__version__,
             redis=self.redis.endpoints[0] if len(self.redis.endpoints) == 1 else self.redis.endpoints,
             topology=self.redis.topology,
             http=f"{settings.http.host}:{self.http.bound_port('http')}",

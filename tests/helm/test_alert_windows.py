@@ -3,8 +3,8 @@
 alerts.test.yaml steps in aligned 30 s intervals, where increase() never extrapolates; a real
 Prometheus evaluates between scrapes, where it does. These cases pin each threshold that is too
 long to reach in a live CI run to the evaluation where it must flip, and mutants prove that a
-threshold or `for:` off by one step (or the old `> 5` of ElectorLeadershipFlapping, which fired
-on the fifth transition) makes them fail.
+threshold or `for:` off by one step (or a `> 2` of ElectorLeadershipFlapping, which would fire
+on the second loss) makes them fail.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ def test_the_thresholds_hold_between_scrapes(promtool: str) -> None:
 @pytest.mark.parametrize(
     ("alert", "old", "new"),
     [
-        # The defect: increase() reads 5 transitions as 5.01-5.09 between scrapes.
-        ("ElectorLeadershipFlapping", "> 5.5", "> 5"),
-        ("ElectorLeadershipFlapping", "> 5.5", "> 6.5"),
+        # The defect of a whole-number threshold: increase() reads 2 losses as 2.0x between scrapes.
+        ("ElectorLeadershipFlapping", "> 2.5", "> 2"),
+        ("ElectorLeadershipFlapping", "> 2.5", "> 3.5"),
         ("ElectorRedisUnreachable", "for: 2m", "for: 110s"),
         ("ElectorRedisUnreachable", "for: 2m", "for: 130s"),
         ("ElectorRenewalsFailing", "for: 10m", "for: 590s"),

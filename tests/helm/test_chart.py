@@ -5,6 +5,7 @@ drain, the extension points, the app's ELECTOR_LEADER_URL."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable
@@ -111,7 +112,7 @@ def test_defaults_render_workload_objects(render: Render) -> None:
 
 def test_sidecar_defaults(render: Render) -> None:
     sidecar = container(render({}), "elector")
-    assert sidecar["image"] == "ghcr.io/elector-dev/elector:0.1.0"
+    assert sidecar["image"] == "ghcr.io/elector-dev/elector:0.2.0"
     assert sidecar["args"] == ["run"]
     assert env_of(sidecar) == {
         "POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},
@@ -297,7 +298,11 @@ def test_dashboard_configmap(render: Render, chart_dir: Path) -> None:
     configmap = find(docs, "ConfigMap", "demo-elector-dashboard")
     assert configmap["metadata"]["namespace"] == "monitoring"
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
-    assert configmap["data"]["elector.json"] == (chart_dir / "files/dashboard.json").read_text().rstrip("\n")
+    # The file's dashboard, with a uid and title of this release's (tests/helm/test_monitoring_values.py).
+    rendered = json.loads(configmap["data"]["elector.json"])
+    file = json.loads((chart_dir / "files/dashboard.json").read_text())
+    assert rendered["uid"] != file["uid"] and "(apps/demo-elector)" in rendered["title"]
+    assert {**rendered, "uid": file["uid"], "title": file["title"]} == file
     assert not [d for d in render({}) if d["kind"] == "ConfigMap"]
 
 
@@ -401,7 +406,7 @@ def test_names_and_labels(render: Render) -> None:
         labels = doc["metadata"]["labels"]
         assert labels["team"] == "platform"
         assert labels["helm.sh/chart"] == "elector-0.2.0"
-        assert labels["app.kubernetes.io/version"] == "0.1.0"
+        assert labels["app.kubernetes.io/version"] == "0.2.0"
     assert env_of(container(docs, "elector"))["ELECTOR_LOCK"] == "apps/jobs"
     long_name = "x" * 70
     for doc in render({"fullnameOverride": long_name}):
@@ -576,7 +581,19 @@ def test_explicit_readiness_timing_wins(render: Render) -> None:
     probe = container(render({"elector": {"readinessProbe": timing}}), "elector")["readinessProbe"]
     assert {k: probe.get(k, 0) for k in timing} == timing
     only_period = container(render({"elector": {"readinessProbe": {"periodSeconds": 3}}}), "elector")
+    assert only_period["readinessProbe"]["failureThreshold"] == 3  # /healthz: Kubernetes' default
+    gated = {"elector": {"gateOnLeadership": True, "readinessProbe": {"periodSeconds": 3}}}
+    only_period = container(render({**gated, "podDisruptionBudget": {"enabled": False}}), "elector")
     assert only_period["readinessProbe"]["failureThreshold"] == 1  # (10 s / 3) // 3 s, at least 1
+
+
+@pytest.mark.parametrize("gate", [{}, {"gateOnRedis": True}])
+def test_readiness_that_only_reads_memory_is_asked_every_10_s(render: Render, gate: dict[str, Any]) -> None:
+    """Issue 42: /healthz (and /readyz) answer from the daemon's memory and change only when it is stuck or
+    Redis is gone for a ttl; a probe every second of every replica was kubelet work for nothing."""
+    probe = container(render({"elector": gate}), "elector")["readinessProbe"]
+    assert (probe["periodSeconds"], probe["failureThreshold"]) == (10, 3)
+    assert probe["initialDelaySeconds"] <= 1  # a new pod is still ready at its first probe
 
 
 # --- extension points (problem 7) ------------------------------------------------------------------------
@@ -590,7 +607,7 @@ def test_extension_points_reach_the_pod(render: Render, chart_dir: Path) -> None
     app, sidecar = container(docs, "app"), container(docs, "elector")
     # global.imageRegistry replaces the registry of both images
     assert app["image"] == "registry.example.com/mirror/pause:3.9"
-    assert sidecar["image"] == "registry.example.com/mirror/elector-dev/elector:0.1.0"
+    assert sidecar["image"] == "registry.example.com/mirror/elector-dev/elector:0.2.0"
     # global.imagePullSecrets (a name), the elector image's pullSecrets ({name}), each once
     assert spec["imagePullSecrets"] == [{"name": "mirror-pull"}, {"name": "ghcr"}]
     assert [c["name"] for c in spec["initContainers"]] == ["wait-for-redis"]
@@ -671,3 +688,33 @@ def test_the_http_address_is_set_by_port_and_bind_address_only(chart: Chart, ren
         chart.validate_schema({"elector": {"extraEnv": [{"name": "ELECTOR_HTTP_ADDRESS", "value": ":9000"}]}})
     with pytest.raises(HelmValuesError, match="/elector/bindAddress"):
         chart.validate_schema({"elector": {"bindAddress": "127.0.0.1"}})  # the kubelet probes the pod's IP
+
+
+# --- topology spread (issue 42) ---------------------------------------------------------------------------
+
+
+def test_replicas_spread_over_nodes_and_zones_by_default(render: Render) -> None:
+    """One node or zone going down must not take every candidate for the lock with it; a preference
+    (ScheduleAnyway) so that a small cluster never leaves a replica pending, per revision
+    (pod-template-hash) so that a rolling update's old pods do not skew the new ones."""
+    docs = render({})
+    deployment = find(docs, "Deployment")
+    constraints = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert [c["topologyKey"] for c in constraints] == [
+        "kubernetes.io/hostname",
+        "topology.kubernetes.io/zone",
+    ]
+    for constraint in constraints:
+        assert constraint["whenUnsatisfiable"] == "ScheduleAnyway" and constraint["maxSkew"] == 1
+        assert constraint["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+        assert constraint["matchLabelKeys"] == ["pod-template-hash"]
+    for version in (OLDEST_KUBE, NEWEST_KUBE):
+        kubernetes_validate.validate(deployment, version, strict=True)
+    strict = render({"workload": {"topologySpread": {"whenUnsatisfiable": "DoNotSchedule"}}})
+    spec = find(strict, "Deployment")["spec"]["template"]["spec"]
+    assert {c["whenUnsatisfiable"] for c in spec["topologySpreadConstraints"]} == {"DoNotSchedule"}
+    off = find(render({"workload": {"topologySpread": {"enabled": False}}}), "Deployment")
+    assert "topologySpreadConstraints" not in off["spec"]["template"]["spec"]
+    own = [{"topologyKey": "kubernetes.io/hostname", "maxSkew": 2, "whenUnsatisfiable": "DoNotSchedule"}]
+    given = find(render({"workload": {"topologySpreadConstraints": own}}), "Deployment")
+    assert given["spec"]["template"]["spec"]["topologySpreadConstraints"] == own

@@ -255,15 +255,15 @@ def test_operator_rbac_create_false_renders_no_rbac() -> None:
 @pytest.mark.parametrize(
     ("image", "global_registry", "expected"),
     [
-        ({}, "", "ghcr.io/elector-dev/elector:0.1.0"),
-        ({"registry": "mirror.example.com"}, "", "mirror.example.com/elector-dev/elector:0.1.0"),
-        ({}, "proxy.example.com", "proxy.example.com/elector-dev/elector:0.1.0"),
+        ({}, "", "ghcr.io/elector-dev/elector:0.2.0"),
+        ({"registry": "mirror.example.com"}, "", "mirror.example.com/elector-dev/elector:0.2.0"),
+        ({}, "proxy.example.com", "proxy.example.com/elector-dev/elector:0.2.0"),
         # chart 0.1.0's repository named its registry: it still pulls from there
-        ({"repository": "ghcr.io/elector-dev/elector"}, "", "ghcr.io/elector-dev/elector:0.1.0"),
+        ({"repository": "ghcr.io/elector-dev/elector"}, "", "ghcr.io/elector-dev/elector:0.2.0"),
         (
             {"repository": "ghcr.io/elector-dev/elector"},
             "proxy.example.com",
-            "proxy.example.com/elector-dev/elector:0.1.0",
+            "proxy.example.com/elector-dev/elector:0.2.0",
         ),
     ],
 )

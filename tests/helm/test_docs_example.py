@@ -11,7 +11,9 @@ real follower.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
+import json
 import re
 import shutil
 import subprocess
@@ -61,6 +63,7 @@ def test_the_page_holds_the_whole_example() -> None:
         "app/leader_loop.py",
         "app/leader-loop.sh",
         "monitoring-values.yaml",
+        "cluster-monitoring-values.yaml",
     }
     text = DOC.read_text()
     assert "helm dependency build ./billing" in text
@@ -130,6 +133,10 @@ def test_the_chart_renders_the_sidecar_as_the_page_says(billing: list[dict[str, 
     assert {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v} == {"redis-auth"}
     assert [p["name"] for p in containers["elector"]["ports"]] == ["elector-http"]
     assert containers["elector"]["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    # Issue 42: no API token in a pod that never calls the API; the replicas spread over nodes.
+    assert pod["automountServiceAccountToken"] is False
+    (spread,) = pod["topologySpreadConstraints"]
+    assert spread["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
     # The grace period the comment explains: preStop sleep + linger + 10 s of drain, at least.
     pre_stop = containers["elector"]["lifecycle"]["preStop"]["exec"]["command"]
     assert pod["terminationGracePeriodSeconds"] >= int(pre_stop[-1]) + 30 + 10
@@ -138,21 +145,38 @@ def test_the_chart_renders_the_sidecar_as_the_page_says(billing: list[dict[str, 
     assert 6379 in egress_ports
 
 
+def _render_elector(
+    tmp_path_factory: pytest.TempPathFactory, render_chart: RenderChart, values: dict[str, Any], **kw: Any
+) -> list[dict[str, Any]]:
+    values = copy.deepcopy(values)
+    for key in ("podMonitor", "prometheusRule"):  # no Prometheus operator behind the renderer
+        values.setdefault(key, {})["force"] = True
+    chart_dir = assemble_chart(ELECTOR_CHART, tmp_path_factory.mktemp("elector"))
+    with Chart.load(chart_dir) as chart:
+        return render_chart(chart, values, **kw)
+
+
 @pytest.fixture(scope="module")
 def monitoring(tmp_path_factory: pytest.TempPathFactory, render_chart: RenderChart) -> list[dict[str, Any]]:
     values = yaml.safe_load(FILES["monitoring-values.yaml"])
-    for key in ("podMonitor", "prometheusRule"):  # no Prometheus operator behind the renderer
-        values[key]["force"] = True
-    chart_dir = assemble_chart(ELECTOR_CHART, tmp_path_factory.mktemp("elector"))
-    with Chart.load(chart_dir) as chart:
-        return render_chart(chart, values, name="billing-monitoring")
+    return _render_elector(tmp_path_factory, render_chart, values, name="billing-monitoring")
 
 
-def test_the_four_settings_make_the_podmonitor_scrape_the_billing_pods(
+@pytest.fixture(scope="module")
+def cluster_monitoring(
+    tmp_path_factory: pytest.TempPathFactory, render_chart: RenderChart
+) -> list[dict[str, Any]]:
+    values = yaml.safe_load(FILES["cluster-monitoring-values.yaml"])
+    return _render_elector(tmp_path_factory, render_chart, values, name="elector-monitoring")
+
+
+def test_the_three_settings_make_the_podmonitor_scrape_the_billing_pods(
     monitoring: list[dict[str, Any]], billing: list[dict[str, Any]]
 ) -> None:
     kinds = {d["kind"]: d for d in monitoring}
-    assert sorted(kinds) == ["ConfigMap", "PodMonitor", "PrometheusRule"]  # workload.enabled: false
+    # Issue 42: every team that followed this step got its own copy of the cluster-wide rules (two
+    # pages per alert) and a dashboard of the same uid as every other team's.
+    assert sorted(kinds) == ["PodMonitor"]  # workload.enabled: false; no rules, no dashboard
     (deployment,) = [d for d in billing if d["kind"] == "Deployment"]
     pod = deployment["spec"]["template"]
     monitor = kinds["PodMonitor"]
@@ -160,14 +184,24 @@ def test_the_four_settings_make_the_podmonitor_scrape_the_billing_pods(
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}  # the same namespace
     ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
     assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} <= ports
-    for kind in ("PodMonitor", "PrometheusRule"):
-        assert kinds[kind]["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+def test_the_cluster_install_holds_the_rules_and_the_dashboard_once(
+    cluster_monitoring: list[dict[str, Any]],
+) -> None:
+    kinds = {d["kind"]: d for d in cluster_monitoring}
+    assert sorted(d["kind"] for d in cluster_monitoring) == ["ConfigMap", "PrometheusRule"]
+    assert kinds["PrometheusRule"]["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    rules = {r["alert"]: r for g in kinds["PrometheusRule"]["spec"]["groups"] for r in g["rules"]}
+    assert rules["ElectorNoLeader"]["for"] == "2m"
+    assert all(rule["labels"]["team"] == "platform" for rule in rules.values())
     dashboard = kinds["ConfigMap"]
     assert dashboard["metadata"]["namespace"] == "monitoring"
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
-    for doc in monitoring:
-        if doc["kind"] == "ConfigMap":
-            kubernetes_validate.validate(doc, NEWEST_KUBE, strict=True)
+    assert json.loads(dashboard["data"]["elector.json"])["title"] == "elector: leader election"
+    kubernetes_validate.validate(dashboard, NEWEST_KUBE, strict=True)
+    kubernetes_validate.validate(dashboard, OLDEST_KUBE, strict=True)
 
 
 # -- the app-side loops, against real daemons ---------------------------------------------------------

@@ -224,7 +224,7 @@ def test_image_registry_mirror_and_pull_secrets() -> None:
     }
     docs = render_operator(values)
     pod = pod_spec(docs)
-    assert pod["containers"][0]["image"] == "mirror.example.com/elector-dev/elector:0.1.0"
+    assert pod["containers"][0]["image"] == "mirror.example.com/elector-dev/elector:0.2.0"
     assert pod["imagePullSecrets"] == [{"name": "mirror"}, {"name": "ghcr"}]
     job = one(docs, "Job")["spec"]["template"]["spec"]
     assert job["containers"][0]["image"] == pod["containers"][0]["image"]

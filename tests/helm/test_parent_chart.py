@@ -171,7 +171,7 @@ def test_the_sidecar_takes_the_values_it_is_given(
     billing, preferred = deployments(docs)["billing"], deployments(docs)["billing-preferred"]
     app, sidecar = containers(billing)["app"], containers(billing)["elector"]
     # the library's appVersion, not the parent's 9.9.9
-    assert sidecar["image"] == "ghcr.io/elector-dev/elector:0.1.0"
+    assert sidecar["image"] == "ghcr.io/elector-dev/elector:0.2.0"
     env = env_of(sidecar)
     assert env["ELECTOR_LOCK"] == "billing-cron"
     assert env["ELECTOR_REDIS_URL"] == VALUES["leader"]["redis"]["url"]

@@ -6,8 +6,9 @@ namespace, pod, service, endpoint, container), scraped every second, rules evalu
 The run, in one Prometheus lifetime (about 100 s):
 
 1. steady state: no alert pending or firing, every rule healthy;
-2. a SIGKILL takeover and handoffs of `jobs`: after five transitions ElectorLeadershipFlapping
-   stays silent (the old `> 5` fired here: increase() reads 5 as ~5.1), the sixth fires it;
+2. a SIGKILL takeover and five handoffs of `jobs` (six transitions, like a rolling update of six
+   replicas): ElectorLeadershipFlapping stays silent; three losses (the lease key deleted under
+   the leader) fire it;
 3. a split brain (app-d holds `jobs` on a third Redis) and a Redis outage (the `reports` Redis
    stops): ElectorMultipleLeaders and ElectorNoLeader go pending, and fire one minute later;
 4. every dashboard panel's query, with the template variables filled in, returns data.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -39,6 +41,7 @@ import redis.asyncio
 import yaml
 
 from elector.backend import RedisLeaseBackend
+from elector.backend.lua.lease import LockKeys
 from elector.testing.redis_server import RedisServerProcess, free_tcp_port
 from tests.support.daemon import DaemonProcess, wait_until
 from tests.support.seed import seed_used_lock
@@ -252,6 +255,12 @@ def _leader(daemons: list[DaemonProcess]) -> DaemonProcess | None:
     return leaders[0] if len(leaders) == 1 else None
 
 
+def _lost(daemon: DaemonProcess) -> float:
+    """The daemon's own count of step-downs `lost` (its lease gone or taken)."""
+    found = re.search(r'elector_step_downs_total\{lock="jobs",reason="lost"\} (\S+)', daemon.metrics())
+    return float(found.group(1)) if found else 0.0
+
+
 def _handoff(server: RedisServerProcess, *, to: str, daemons: list[DaemonProcess]) -> None:
     async def ask() -> None:
         client = redis.asyncio.Redis.from_url(server.url)
@@ -316,9 +325,11 @@ def test_a_real_prometheus_through_takeover_handoffs_split_brain_and_outage(
     assert [(r["name"], r["health"], r.get("lastError", "")) for g in rules for r in g["rules"]] == [
         (r["name"], "ok", "") for g in rules for r in g["rules"]
     ]
-    assert len([r for g in rules for r in g["rules"]]) == 7
+    assert len([r for g in rules for r in g["rules"]]) == 8
 
-    # 2. Takeover (SIGKILL of the leader) and handoffs between the two survivors: five transitions.
+    # 2. Takeover (SIGKILL of the leader) and five handoffs between the two survivors: six
+    # transitions, as a rolling update of six replicas makes, which the rule of before ("more
+    # than 5.5 transitions") paged for. Graceful leader changes never count now.
     first = _leader(jobs)
     assert first is not None
     first.signal(signal.SIGKILL)
@@ -326,30 +337,39 @@ def test_a_real_prometheus_through_takeover_handoffs_split_brain_and_outage(
     survivors = [d for d in jobs if d is not first]
     wait_until(lambda: _leader(survivors) is not None, timeout_s=30, every_s=0.05)
     note(f"takeover after SIGKILL of {first.identity}")
-    for _ in range(4):
+    for _ in range(5):
         holder = _leader(survivors)
         assert holder is not None
         other = next(d for d in survivors if d is not holder)
         _handoff(jobs_redis, to=other.identity, daemons=survivors)
         note(f"handoff {holder.identity} -> {other.identity}")
         time.sleep(1.2)  # one scrape of each
-    # Five transitions scraped (takeover + 4 handoffs): not "more than 5", over several evaluations.
+    counted = "sum by (lock) (increase(elector_leader_transitions_total[15m]))"
     quiet_until = time.monotonic() + 5
     while time.monotonic() < quiet_until:
         log.poll()
-        counted = "sum by (lock) (increase(elector_leader_transitions_total[15m]))"
         assert log.seen("ElectorLeadershipFlapping", "jobs", "firing") is None, (
-            f"ElectorLeadershipFlapping fired at 5 transitions: {prometheus.query(counted)}"
+            f"ElectorLeadershipFlapping fired on handoffs: {prometheus.query(counted)}"
         )
         time.sleep(0.5)
-    holder = _leader(survivors)
-    assert holder is not None
-    other = next(d for d in survivors if d is not holder)
-    sixth = time.time()
-    _handoff(jobs_redis, to=other.identity, daemons=survivors)
-    note(f"sixth transition: handoff {holder.identity} -> {other.identity}")
-    flapping = log.wait_for("ElectorLeadershipFlapping", "jobs", "firing", since=sixth, timeout_s=SLACK_S)
-    note(f"ElectorLeadershipFlapping firing ({flapping - sixth:.1f} s after the sixth transition)")
+    note(f"6 transitions, no flapping alert ({prometheus.query(counted)[0]['value'][1]} counted)")
+    # Three losses: the lease key deleted under the leader, whose next renewal finds it gone (a
+    # step-down `lost`, as when Redis loses data). The third pages.
+    lease_key = LockKeys("jobs").lease
+    jobs_admin = redis.Redis(port=jobs_redis.port)
+    third = 0.0
+    for loss in range(1, 4):
+        holder = _leader(survivors)
+        assert holder is not None
+        lost_before = _lost(holder)
+        third = time.time()
+        jobs_admin.delete(lease_key)
+        wait_until(lambda holder=holder, n=lost_before: _lost(holder) > n, timeout_s=30, every_s=0.05)
+        wait_until(lambda: _leader(survivors) is not None, timeout_s=30, every_s=0.05)
+        note(f"loss {loss}: {holder.identity}'s lease deleted, then a leader again")
+        time.sleep(1.2)  # one scrape of each
+    flapping = log.wait_for("ElectorLeadershipFlapping", "jobs", "firing", since=third, timeout_s=SLACK_S)
+    note(f"ElectorLeadershipFlapping firing ({flapping - third:.1f} s after the third loss)")
 
     # 3. Split brain (app-d leads `jobs` on another Redis) and a Redis outage for `reports`.
     rogue = _daemon(stack, server=rogue_redis, identity="app-d", lock="jobs", log_dir=log_dir)

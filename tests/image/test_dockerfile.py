@@ -27,6 +27,7 @@ import yaml
 from click.testing import CliRunner
 from dockerfile_parse import DockerfileParser
 
+from elector._version import __version__
 from elector.cli.main import cli
 from elector.daemon.http import HttpSettings, parse_http_address
 
@@ -330,7 +331,7 @@ def test_oci_labels(final: Stage, project: dict[str, Any]) -> None:
     # The version label comes from a build argument that defaults to the package's version.
     assert labels[prefix + "version"] == "${VERSION}"
     (version_arg,) = [i for i in final.all("ARG") if i.value.startswith("VERSION")]
-    assert version_arg.value == f"VERSION={project['version']}"
+    assert version_arg.value == f"VERSION={__version__}"
 
 
 def _dockerignored(path: str, patterns: list[str]) -> bool:

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from elector._version import __version__
+
 REPO = Path(__file__).resolve().parents[2]
 # The runtime dependencies, and kopf: one image runs the sidecar and `elector operator`.
 RUNTIME_DEPENDENCIES = {"redis", "prometheus-client", "structlog", "h11", "aiohttp", "click", "kopf"}
@@ -118,7 +120,7 @@ def test_wheels_need_no_compiler(installed: tuple[Path, Path]) -> None:
     wheels, _ = installed
     names = sorted(p.name for p in wheels.iterdir())
     assert all(n.endswith(".whl") for n in names), names
-    assert any(n.startswith("elector-0.1.0-py3-none-any") for n in names), names
+    assert any(n.startswith(f"elector-{__version__}-py3-none-any") for n in names), names
     # Every dependency is pure Python or a prebuilt manylinux wheel: the builder compiled nothing,
     # so the runtime stage never needs a compiler either.
     for name in names:
@@ -152,7 +154,7 @@ def test_installed_elector_runs(installed: tuple[Path, Path]) -> None:
     ):  # fmt: skip
         assert option in run_help, option
     assert "0.0.0.0:8080" in run_help
-    assert _run(elector, "--version", env=env).strip().endswith("0.1.0")
+    assert _run(elector, "--version", env=env).strip().endswith(__version__)
     # The console script runs the installed package, not the work tree's sources.
     origin = _run(venv / "bin" / "python", "-c", "import elector; print(elector.__file__)", env=env)
     assert Path(origin.strip()).is_relative_to(venv), origin

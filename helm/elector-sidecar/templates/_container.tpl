@@ -183,17 +183,20 @@ httpGet:
 {{/*
 elector-sidecar.readinessProbe: GET /healthz (the daemon serves and its election loop runs, whatever Redis
 does), /leader with gateOnLeadership, /readyz with gateOnRedis. periodSeconds and failureThreshold left at
-0 are derived from the ttl: a leader that stepped down (GET /leader answers 503) turns unready within
-ttl/3, at least one 1-second probe.
+0: with gateOnLeadership derived from the ttl, so that a leader that stepped down (GET /leader answers 503)
+turns unready within ttl/3, at least one 1-second probe; otherwise Kubernetes' own 10 s and 3, since
+/healthz and /readyz read the daemon's memory and change only when it is stuck or Redis is gone for a ttl
+(a probe every second of every replica is kubelet work for nothing).
 */}}
 {{- define "elector-sidecar.readinessProbe" -}}
 {{- $v := include "elector-sidecar.values" . | fromYaml }}
 {{- $probe := $v.readinessProbe | default dict }}
+{{- $gate := eq (toString $v.gateOnLeadership) "true" }}
 {{- $budgetMs := div (include "elector-sidecar.durationMs" $v.ttl | int) 3 }}
 {{- $period := int ($probe.periodSeconds | default 0) }}
-{{- if le $period 0 }}{{ $period = max 1 (div $budgetMs 2000) | int }}{{ end }}
+{{- if le $period 0 }}{{ $period = ternary (max 1 (div $budgetMs 2000) | int) 10 $gate }}{{ end }}
 {{- $threshold := int ($probe.failureThreshold | default 0) }}
-{{- if le $threshold 0 }}{{ $threshold = max 1 (div $budgetMs (mul $period 1000)) | int }}{{ end }}
+{{- if le $threshold 0 }}{{ $threshold = ternary (max 1 (div $budgetMs (mul $period 1000)) | int) 3 $gate }}{{ end }}
 {{- $path := "/healthz" }}
 {{- if eq (toString $v.gateOnLeadership) "true" }}{{ $path = "/leader" }}
 {{- else if eq (toString $v.gateOnRedis) "true" }}{{ $path = "/readyz" }}{{ end -}}

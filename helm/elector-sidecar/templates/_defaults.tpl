@@ -118,8 +118,10 @@ livenessProbe:
   timeoutSeconds: 2
   failureThreshold: 3
 # Readiness probe (GET /healthz; /leader with gateOnLeadership, /readyz with gateOnRedis). enabled false: no
-# readiness probe. periodSeconds and failureThreshold 0: derived from the ttl, so that a leader that stepped
-# down turns unready within ttl/3 (at least 1 s): period max(1, ttl/6 s), threshold max(1, (ttl/3) / period).
+# readiness probe. periodSeconds and failureThreshold 0: with gateOnLeadership derived from the ttl, so that a
+# leader that stepped down turns unready within ttl/3 (at least 1 s): period max(1, ttl/6 s), threshold
+# max(1, (ttl/3) / period); otherwise 10 s and 3 (what /healthz and /readyz answer changes only when the
+# daemon is stuck or Redis is gone for a ttl: a probe a second would be kubelet work for nothing).
 readinessProbe:
   enabled: true
   initialDelaySeconds: 1
@@ -150,7 +152,7 @@ extraVolumeMounts: []
 
 {{/* The library's appVersion: the image tag when image.tag is empty (a test keeps it equal to Chart.yaml). */}}
 {{- define "elector-sidecar.appVersion" -}}
-0.1.0
+0.2.0
 {{- end }}
 
 {{/* Keys of the defaults whose values are free-form Kubernetes objects (not checked for unknown keys). */}}
