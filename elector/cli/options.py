@@ -395,6 +395,38 @@ RUN_OPTIONS = (
         "(~45 series each), aggregate above.",
     ),
     Option(
+        "app_health_url",
+        help="The app's own health URL (http:// or https://, e.g. http://127.0.0.1:8080/healthz): "
+        "contend only while it answers 2xx, and hand over when it fails --app-health-failures "
+        "checks in a row. An app that never answered 2xx never leads. Exec mode: the URL is the "
+        "command's health. Default: off.",
+    ),
+    Option(
+        "app_health_interval",
+        type=DURATION,
+        default="1s",
+        help="Time between two checks of --app-health-url.",
+    ),
+    Option(
+        "app_health_failures",
+        type=click.IntRange(1, 100),
+        default=3,
+        help="Failed checks in a row (not 2xx, a timeout, refused) that make the app unhealthy; one "
+        "success makes it healthy again.",
+    ),
+    Option(
+        "app_health_timeout",
+        type=DURATION,
+        help="How long one check may take, connecting included (at most the interval). Default: half "
+        "the interval, at most 1s.",
+    ),
+    Option(
+        "app_health_min_term",
+        type=DURATION,
+        help="Hysteresis: a leader hands over for its app's health only once it has led this long, "
+        "so a flapping app cannot move leadership more often. Default: the ttl.",
+    ),
+    Option(
         "kill_grace",
         type=DURATION,
         help="Exec mode: SIGTERM to SIGKILL grace for the command. Default: 0.2 x ttl, within what "

@@ -111,9 +111,12 @@ class ElectionCore:
         self._led_since = 0.0
         self._rival_seen_since: float | None = None
         self._resign_stand_back_s: float | None = None
+        self._resign_reason = StepDownReason.RESIGNED
         self._contend_not_before = 0.0
         #: Held by the program while its own leader work of an ended term still runs.
         self._contend_held = False
+        #: Closed by `gate_contending` while something outside the lease forbids leading.
+        self._may_contend = True
         self._hold_lifted = False
 
         self._holder: Holder | None = None
