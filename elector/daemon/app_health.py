@@ -318,6 +318,7 @@ class AppHealthGate:
                 self._log.warning(
                     "app_unhealthy_handover",
                     lock=lock,
+                    led_ms=round((now - since) * 1000),
                     detail="the app failed its health checks: stopping leader work and releasing",
                 )
                 election.resign(stand_back_s=0.0, reason=StepDownReason.APP_UNHEALTHY)

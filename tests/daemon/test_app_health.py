@@ -10,13 +10,19 @@ read from the daemons' own log lines, not from when this process got the CPU to 
 from __future__ import annotations
 
 import datetime
+import itertools
+import json
 import signal
+import sys
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.daemon.app_stub import AppStub, closed_port
+from tests.faults.checker import check
 from tests.support.daemon import DaemonProcess, DaemonStarter, wait_until
 from tests.support.lateness import thread_lateness
 
@@ -128,3 +134,138 @@ def test_a_hung_or_hostile_app_is_a_failure_within_the_timeout(daemon: DaemonSta
         assert a.get("/healthz")[0] == 200
     finally:
         stub.close()
+
+
+# -- exec mode: the command is the worker, its journal the judge -------------------------------
+
+CHILD = Path(__file__).resolve().parents[1] / "faults" / "child.py"
+
+
+def _gone_records(directory: Path, journal: list[dict[str, object]]) -> None:
+    """A `gone` record (the checker's bound on a term without an end) for each child that has
+    ended: the first moment this process saw its pid gone, which is after its death."""
+    for path in directory.glob("child-*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record["kind"] == "start" and not Path(f"/proc/{record['pid']}").exists():
+                journal.append({"kind": "gone", "t": time.monotonic(), "pid": record["pid"]})
+
+
+def test_exec_mode_the_command_follows_the_app_and_the_journals_never_overlap(
+    daemon: DaemonStarter, apps: dict[str, AppStub], redis_url: str, tmp_path: Path
+) -> None:
+    work = tmp_path / "journals"
+    work.mkdir()
+    harness: list[dict[str, object]] = [{"kind": "run", "t_begin": time.monotonic(), "prompt_s": 1.0}]
+
+    def command(name: str) -> tuple[str, ...]:
+        journal = str(work / f"child-{name}.jsonl")
+        return (
+            "--",
+            sys.executable,
+            str(CHILD),
+            "--journal",
+            journal,
+            "--resource-url",
+            redis_url,
+            "--key",
+            "fenced",
+        )
+
+    def started(name: str) -> int:
+        path = work / f"child-{name}.jsonl"
+        return path.read_text().count('"kind":"start"') if path.exists() else 0
+
+    a = daemon("a", "--app-health-url", apps["a"].url, *gated(), *command("a"), ttl="2s")
+    wait_until(lambda: started("a") == 1, timeout_s=START_S)
+    b = daemon("b", "--app-health-url", apps["b"].url, *gated(), *command("b"), ttl="2s")
+    wait_until(lambda: logged(b, "app_healthy"), timeout_s=START_S)
+
+    with thread_lateness() as lateness:
+        turned_at = time.time()
+        apps["a"].mode = "sick"
+        wait_until(lambda: started("b") == 1, timeout_s=HANG_S)
+    (took_over_at,) = logged(b, "acquired", identity="b")
+    # As in sidecar mode, and a's command is stopped (SIGTERM; it ends within a write) first.
+    bound_s = INTERVAL_S * FAILURES + 1.0 + 3 * lateness.worst_s
+    assert took_over_at - turned_at <= bound_s, (took_over_at - turned_at, lateness)
+    assert [line["reason"] for line in a.log_lines() if line.get("event") == "released"] == ["app_unhealthy"]
+
+    # b's daemon dies (its keeper stops b's command); a's app still fails: a never leads.
+    b.signal(signal.SIGKILL)
+    b.wait()
+    watched_until = time.time() + 3 * 2.0
+    while time.time() < watched_until:
+        assert not a.is_leader()
+        time.sleep(0.05)
+    assert started("a") == 1
+    _gone_records(work, harness)
+
+    apps["a"].mode = "ok"
+    wait_until(lambda: started("a") == 2, timeout_s=HANG_S)
+    time.sleep(0.3)  # a few fenced writes of a's second term
+    a.stop()
+    _gone_records(work, harness)
+    harness.append(
+        {"kind": "run", "t_begin": harness[0]["t_begin"], "prompt_s": 1.0, "t_end": time.monotonic()}
+    )
+    (work / "harness.jsonl").write_text("".join(json.dumps(record) + "\n" for record in harness))
+
+    report = check(work)
+    assert [term.identity for term in report.terms] == ["a", "b", "a"], report.explain()
+    assert report.violations == 0, report.explain()
+    assert report.writes_accepted > 0 and report.writes_rejected == 0, report.explain()
+
+
+# -- hysteresis: a flapping app cannot move leadership faster than the floor ---------------------
+
+
+def test_flapping_apps_move_leadership_no_faster_than_the_min_term(daemon: DaemonStarter) -> None:
+    min_term_s, window_s, half_period_s = 2.0, 10.0, 0.6
+    stubs = {name: AppStub() for name in ("a", "b")}
+    stop = threading.Event()
+
+    def flap() -> None:
+        # In antiphase, each healthy for 0.6 s in every 1.2 s: one of them is always healthy, and
+        # without a floor leadership would follow every flap (~1 s terms).
+        healthy = "a"
+        while not stop.wait(half_period_s):
+            healthy = "b" if healthy == "a" else "a"
+            stubs["a"].mode, stubs["b"].mode = ("ok", "sick") if healthy == "a" else ("sick", "ok")
+
+    stubs["b"].mode = "sick"
+    flapper = threading.Thread(target=flap, daemon=True)
+    try:
+        args = gated(interval_s=0.1, failures=2, min_term=f"{min_term_s:g}s")
+        a = daemon("a", "--app-health-url", stubs["a"].url, *args, ttl="2s")
+        b = daemon("b", "--app-health-url", stubs["b"].url, *args, ttl="2s")
+        wait_until(lambda: a.is_leader() or b.is_leader(), timeout_s=START_S)
+        with thread_lateness() as lateness:
+            began = time.time()
+            flapper.start()
+            time.sleep(window_s)
+            ended = time.time()
+    finally:
+        stop.set()
+        for stub in stubs.values():
+            stub.close()
+    grants = sorted(
+        [(at, "a") for at in logged(a, "acquired", identity="a")]
+        + [(at, "b") for at in logged(b, "acquired", identity="b")]
+    )
+    in_window = [grant for grant in grants if began <= grant[0] <= ended]
+    gaps = [later[0] - earlier[0] for earlier, later in itertools.pairwise(grants)]
+    # The floor is real: leadership moved, though every term outlived several flaps ...
+    assert len(in_window) >= 2, grants
+    # ... and no faster than the floor allows: every handover came after the term had led
+    # min_term by the daemon's own clock, and grants by the logs' clock are that far apart, less
+    # the acquire's round trip and log write, which may run as late as measured here.
+    handovers = [
+        line["led_ms"]
+        for proc in (a, b)
+        for line in proc.log_lines()
+        if line.get("event") == "app_unhealthy_handover"
+    ]
+    assert handovers and min(handovers) >= min_term_s * 1000, handovers
+    assert min(gaps) >= min_term_s - 0.05 - 2 * lateness.worst_s, (gaps, lateness)
+    assert len(in_window) <= window_s / min_term_s + 1, grants
