@@ -344,8 +344,15 @@ RUN_OPTIONS = (
     HTTP_ADDRESS,
     Option(
         "compat_http_address",
-        help="host:port (conventionally :4040) of a listener answering GET / with "
-        '{"name": "<leader>"} as the retired leader-elector sidecar did. Default: off.',
+        help="host:port (conventionally :4040) of a listener answering any request with "
+        '{"name":"<leader>"} as the retired leader-elector sidecar did. Default: off.',
+    ),
+    Option(
+        "compat_api",
+        type=click.Choice(["leader-elector", "nais"]),
+        default="leader-elector",
+        help="The API of --compat-http-address: leader-elector (the contrib image, answer for answer) "
+        "or nais (nais/elector's: last_update in the body, /sse streaming leader changes).",
     ),
     LOG_FORMAT,
     LOG_LEVEL,

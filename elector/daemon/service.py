@@ -32,7 +32,8 @@ from elector.daemon.execmode.supervisor import (
     become_subreaper,
     watch_children_with_pidfds,
 )
-from elector.daemon.http import HttpBindError, HttpStats, HttpStatsCollector, make_compat_app, make_http_app
+from elector.daemon.http import HttpBindError, HttpStats, HttpStatsCollector, make_http_app
+from elector.daemon.http_compat import NaisApi, make_compat_app
 from elector.daemon.http_thread import HttpThread, Listener
 from elector.daemon.lock_election import EXIT_LOST_LEADERSHIP, LockElection, republish
 from elector.daemon.logs import configure_logging, make_logger
@@ -190,8 +191,12 @@ class Daemon:
         listeners = [Listener("http", app, self.settings.http, stats=self.http_stats)]
         if self.settings.compat_http is not None:
             # Same thread, same budgets; one lock (settings refuse more).
-            compat = make_compat_app(status=self.locks[0].published)
-            listeners.append(Listener("compat", compat, self.settings.compat_http, stats=HttpStats()))
+            compat = make_compat_app(status=self.locks[0].published, api=self.settings.compat_api)
+            watch = compat.watch if isinstance(compat, NaisApi) else None
+            listener = Listener(
+                "compat", compat, self.settings.compat_http, stats=HttpStats(), background=watch
+            )
+            listeners.append(listener)
         return listeners
 
     @property

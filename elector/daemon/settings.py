@@ -28,6 +28,7 @@ from elector.daemon.app_health import (
 )
 from elector.daemon.execmode.supervisor import stop_budget_s
 from elector.daemon.http import HttpSettings, parse_http_address
+from elector.daemon.http_compat import COMPAT_APIS
 from elector.daemon.leader_file import LEADER_FILE_WAIT_S, LeaderFileError, check_leader_file_path
 from elector.daemon.logs import LOG_FORMATS, LogSettings
 from elector.election import ElectionTiming, InvalidTimingError
@@ -145,6 +146,8 @@ class Settings:
     exec: ExecSettings | None = None
     #: The retired leader-elector sidecar's API (`GET /` -> {"name": holder}); None: off.
     compat_http: HttpSettings | None = None
+    #: Whose API the compat listener speaks: leader-elector, or nais (`last_update`, `/sse`).
+    compat_api: str = "leader-elector"
     #: --metrics-per-lock: auto, always or never (see `per_lock_metrics`).
     metrics_per_lock: str = "auto"
     #: --app-health-url and its timing: contend only while the app is healthy; None: off.
@@ -310,6 +313,7 @@ def build_settings(
     on_child_exit: str = "release",
     shutdown_linger: float = 0.0,
     metrics_per_lock: str = "auto",
+    compat_api: str = "leader-elector",
     app_health_url: str | None = None,
     app_health_interval: float = 1.0,
     app_health_failures: int = 3,
@@ -372,6 +376,8 @@ def build_settings(
     except ValueError as exc:
         raise SettingsError("http_address", str(exc)) from None
     compat_http = _compat_http(compat_http_address, http=http, locks=len(locks))
+    if compat_api not in COMPAT_APIS:
+        raise SettingsError("compat_api", f"{compat_api!r} is not one of {', '.join(COMPAT_APIS)}")
     try:
         logs = LogSettings(format=log_format, level=log_level)  # type: ignore[arg-type]
     except ValueError as exc:
@@ -411,6 +417,7 @@ def build_settings(
         exec=exec_settings,
         metrics_per_lock=metrics_per_lock,
         compat_http=compat_http,
+        compat_api=compat_api,
         app_health=app_health,
     )
 
