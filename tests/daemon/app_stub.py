@@ -14,7 +14,7 @@ class AppStub:
     """Serves GET /healthz on 127.0.0.1 from threads of the test process.
 
     `mode`: "ok" (200), "sick" (503), "hang" (accepts, never answers), "huge" (a head far above
-    the checker's budget, sent slowly), "garbage" (not HTTP).
+    the checker's budget), "drip" (a head one byte every 5 ms), "garbage" (not HTTP).
     """
 
     def __init__(self, mode: str = "ok") -> None:
@@ -28,6 +28,12 @@ class AppStub:
                 mode = stub.mode
                 if mode == "hang":
                     time.sleep(30)
+                    return
+                if mode == "drip":  # a status line one byte at a time, never finished
+                    for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"y" * 10_000:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                        time.sleep(0.005)
                     return
                 if mode == "garbage":
                     self.wfile.write(b"\x00\x01 not http at all\r\n\r\n")

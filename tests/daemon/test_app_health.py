@@ -9,6 +9,7 @@ read from the daemons' own log lines, not from when this process got the CPU to 
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import itertools
 import json
@@ -20,11 +21,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from elector.daemon.app_health import CheckResult
+from elector.daemon.service import Daemon
+from elector.daemon.settings import build_settings
+from elector.election import CycleOutcome, OutcomeKind, StepDownReason
+from elector.testing.redis_server import RedisServerProcess
 from tests.daemon.app_stub import AppStub, closed_port
 from tests.faults.checker import check
 from tests.support.daemon import DaemonProcess, DaemonStarter, wait_until
 from tests.support.lateness import thread_lateness
+from tests.support.waiting import until
 
 INTERVAL_S = 0.2
 FAILURES = 3
@@ -269,3 +277,52 @@ def test_flapping_apps_move_leadership_no_faster_than_the_min_term(daemon: Daemo
     assert handovers and min(handovers) >= min_term_s * 1000, handovers
     assert min(gaps) >= min_term_s - 0.05 - 2 * lateness.worst_s, (gaps, lateness)
     assert len(in_window) <= window_s / min_term_s + 1, grants
+
+
+# -- isolation: the app's endpoint never delays a renewal ---------------------------------------
+
+
+async def test_a_hostile_app_endpoint_never_delays_a_renewal(redis_server: RedisServerProcess) -> None:
+    """A leader whose app answers slowly, hugely, byte by byte or not at all, checked every 50 ms
+    for 2 ttl (the hysteresis keeps it leading): its renewals, by its own outcomes' send times,
+    stay within the renew interval plus one request timeout, and it never steps down."""
+    stub = AppStub("ok")
+    settings = build_settings(
+        lock="jobs", identity="a", redis_url=redis_server.url, ttl=2.0, http_address="127.0.0.1:0",
+        app_health_url=stub.url, app_health_interval=0.05, app_health_timeout=0.05,
+        app_health_failures=1, app_health_min_term=3600.0,
+    )  # fmt: skip
+    outcomes: list[CycleOutcome] = []
+    daemon = Daemon(
+        settings, registry=CollectorRegistry(), outcome_observer=lambda _, outcome: outcomes.append(outcome)
+    )
+    task = asyncio.create_task(daemon.run(install_signal_handlers=False))
+    try:
+        await until(lambda: daemon.locks[0].status().is_leader, timeout_s=START_S)
+        clock = daemon.locks[0].status
+        began = clock().now
+        for mode in ("hang", "huge", "drip", "garbage"):
+            stub.mode = mode
+            await asyncio.sleep(1.0)
+        ended = clock().now
+        assert daemon.app_health is not None and not daemon.app_health.healthy
+        checks = daemon.app_health.checks
+        assert checks[CheckResult.TIMEOUT] > 0 and checks[CheckResult.BAD_ANSWER] > 0, checks
+    finally:
+        stub.close()
+        daemon.request_stop()
+        async with asyncio.timeout(HANG_S):
+            await task
+    timing = settings.timing
+    renewals = [
+        o.at
+        for o in outcomes
+        if o.kind is OutcomeKind.RENEWED and began - timing.renew_interval_s <= o.at <= ended
+    ]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(renewals)]
+    assert len(renewals) >= 4 and max(gaps) <= timing.renew_interval_s + timing.request_timeout_s, gaps
+    assert not [
+        o
+        for o in outcomes
+        if o.step_down_reason is not None and o.step_down_reason is not StepDownReason.SHUTDOWN
+    ]
