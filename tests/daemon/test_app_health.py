@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from elector.daemon.app_health import CheckResult
+from elector.daemon.app_health import AppHealthSettings, CheckResult
 from elector.daemon.service import Daemon
-from elector.daemon.settings import build_settings
+from elector.daemon.settings import Settings, SettingsError, build_settings
 from elector.election import CycleOutcome, OutcomeKind, StepDownReason
 from elector.testing.redis_server import RedisServerProcess
 from tests.daemon.app_stub import AppStub, closed_port
@@ -326,3 +326,65 @@ async def test_a_hostile_app_endpoint_never_delays_a_renewal(redis_server: Redis
         for o in outcomes
         if o.step_down_reason is not None and o.step_down_reason is not StepDownReason.SHUTDOWN
     ]
+
+
+# -- settings --------------------------------------------------------------------------------
+
+
+def _settings(**changes: object) -> Settings:
+    return build_settings(lock="jobs", identity="a", redis_url="redis://127.0.0.1:1/0", **changes)  # type: ignore[arg-type]
+
+
+def test_app_health_is_off_by_default_and_its_defaults_follow_the_interval_and_ttl() -> None:
+    assert _settings().app_health is None
+    app = _settings(app_health_url="http://127.0.0.1:8080/healthz", ttl=6.0).app_health
+    assert app == AppHealthSettings(
+        url="http://127.0.0.1:8080/healthz", interval_s=1.0, failures=3, timeout_s=0.5, min_term_s=6.0
+    )
+    slow = _settings(app_health_url="https://app:8443/", app_health_interval=10.0).app_health
+    assert slow is not None and slow.timeout_s == 1.0
+
+
+@pytest.mark.parametrize(
+    ("changes", "flag", "fragment"),
+    [
+        ({"app_health_url": "ftp://app/healthz"}, "--app-health-url", "scheme must be http or https"),
+        ({"app_health_url": "http:///healthz"}, "--app-health-url", "has no host"),
+        ({"app_health_url": "http://u:p@app/"}, "--app-health-url", "credentials"),
+        ({"app_health_url": "http://app:99999/"}, "--app-health-url", "not a URL"),
+        ({"app_health_url": "http://app/a b"}, "--app-health-url", "blanks or control"),
+        (
+            {"app_health_url": "http://app/", "app_health_interval": 0.01},
+            "--app-health-interval",
+            "at least 50ms",
+        ),
+        (
+            {"app_health_url": "http://app/", "app_health_failures": 0},
+            "--app-health-failures",
+            "between 1 and 100",
+        ),
+        (
+            {"app_health_url": "http://app/", "app_health_timeout": 2.0},
+            "--app-health-timeout, --app-health-interval",
+            "at most the interval",
+        ),
+        ({"app_health_url": "http://app/", "app_health_min_term": -1.0}, "--app-health-min-term", "negative"),
+        ({"app_health_timeout": 0.5}, "--app-health-timeout", "only applies with --app-health-url"),
+        ({"compat_api": "consul"}, "--compat-api", "not one of leader-elector, nais"),
+    ],
+)
+def test_bad_app_health_settings_are_refused_naming_the_flag(
+    changes: dict[str, object], flag: str, fragment: str
+) -> None:
+    with pytest.raises(SettingsError, match=fragment) as caught:
+        _settings(**changes)
+    assert caught.value.setting == flag
+
+
+def test_a_bad_app_health_url_from_the_environment_names_the_variable(redis_url: str, tmp_path: Path) -> None:
+    process = DaemonProcess(
+        redis_url=redis_url, identity="a", log_dir=tmp_path, env={"ELECTOR_APP_HEALTH_URL": "tcp://app:80"}
+    )
+    process.start()
+    assert process.wait() == 2
+    assert "--app-health-url (set by ELECTOR_APP_HEALTH_URL)" in process.logs_text()
