@@ -46,6 +46,8 @@ MAX_HEAD_BYTES = 8 * 1024
 MIN_INTERVAL_S = 0.05
 MAX_FAILURES = 100
 USER_AGENT = "elector-app-health"
+#: Without a single success for this long, the daemon says why it never leads (once).
+NEVER_HEALTHY_WARN_S = 60.0
 
 
 class CheckResult(enum.StrEnum):
@@ -237,11 +239,18 @@ class AppHealthGate:
         settings: AppHealthSettings,
         *,
         log: structlog.stdlib.BoundLogger,
+        exec_mode: bool = False,
         clock: Callable[[], float] = boottime,
     ) -> None:
+        """`exec_mode`: the URL is the command's health (the warning of a never-healthy app says
+        what that means)."""
         self._settings = settings
         self._log = log
+        self._exec_mode = exec_mode
         self._clock = clock
+        self._started_at = clock()
+        self._warned_never_healthy = False
+        self._never_healthy = True
         #: None until the first success: an app that never answered healthy never leads.
         self._healthy: bool | None = None
         self._failures = 0
@@ -277,12 +286,15 @@ class AppHealthGate:
         self.checks[check.result] += 1
         if check.result is CheckResult.OK:
             self._failures = 0
+            self._never_healthy = False
             if self._healthy is not True:
                 self._healthy = True
                 self._log.info("app_healthy", url=self._settings.url, detail=check.detail)
                 self._apply()
             return
         self._failures += 1
+        if not self._warned_never_healthy and self._healthy is not True and self._never_healthy:
+            self._warn_if_never_healthy(check)
         if self._failures != self._settings.failures:
             return  # not yet, or already told: the verdict changes once per run of failures
         was, self._healthy = self._healthy, False
@@ -295,6 +307,27 @@ class AppHealthGate:
             was="never healthy" if was is None else "healthy",
         )
         self._apply()
+
+    def _warn_if_never_healthy(self, check: Check) -> None:
+        """Once, after NEVER_HEALTHY_WARN_S without a success: this replica will not lead until
+        its app answers, and in exec mode a URL only the command serves never will."""
+        if self._warned_never_healthy or self._clock() - self._started_at < NEVER_HEALTHY_WARN_S:
+            return
+        self._warned_never_healthy = True
+        hint = "this replica does not contend until the app answers 2xx"
+        if self._exec_mode:
+            hint += (
+                "; in exec mode the URL is checked on followers too, so it must be served by something "
+                "that runs on every replica, not by the command itself (which runs only on the leader)"
+            )
+        self._log.warning(
+            "app_health_never_healthy",
+            url=self._settings.url,
+            waited_s=round(self._clock() - self._started_at),
+            result=check.result.value,
+            detail=check.detail,
+            hint=hint,
+        )
 
     def _apply(self) -> None:
         """Open or close the gate; hand over each term the app's health ends (once it is old

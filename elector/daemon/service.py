@@ -124,7 +124,9 @@ class Daemon:
         hooks: dict[str, Any] = {}
         #: --app-health-url: no lock contends unless the app is healthy (app_health.py).
         self.app_health = (
-            None if settings.app_health is None else AppHealthGate(settings.app_health, log=self.log)
+            None
+            if settings.app_health is None
+            else AppHealthGate(settings.app_health, log=self.log, exec_mode=settings.exec is not None)
         )
         if settings.exec is not None:
             self.exec_mode = ExecMode(
