@@ -117,6 +117,7 @@ class ElectionCore:
         self._contend_held = False
         #: Closed by `gate_contending` while something outside the lease forbids leading.
         self._may_contend = True
+        self._withdrawn_while_gated = False
         self._hold_lifted = False
 
         self._holder: Holder | None = None

@@ -144,6 +144,8 @@ class Election(SteppingDown, RoundMember):
         STAND_BACK); a leader is not affected (`resign` ends its term). Opening the gate
         contends at once. Independent of `hold_contending`: both must allow an acquire."""
         self._may_contend = may_contend
+        if may_contend:
+            self._withdrawn_while_gated = False
         if may_contend and self._state is State.FOLLOWER:
             # Only a follower's wait: a lifted hold makes every wait return at once until the
             # next follower cycle clears it, which a leader's renewals would then never do.
@@ -361,8 +363,13 @@ class Election(SteppingDown, RoundMember):
 
     async def _gated_cycle(self, sent: float) -> CycleOutcome:
         """The gate is closed (`gate_contending`): look at the lock without contending (a read:
-        no acquire, no registration), so that the holder and Redis's health stay known."""
+        no acquire, no registration), so that the holder and Redis's health stay known. The
+        first such cycle withdraws our candidate entry: no leader hands over or yields to us."""
         self._cycle_due_by = sent + self._timing.request_timeout_s
+        if not self._withdrawn_while_gated:
+            self._withdrawn_while_gated = True
+            await self._withdraw()  # best effort, within a request timeout
+            sent = self._clock()
         try:
             async with asyncio.timeout(self._timing.request_timeout_s):
                 seen = await self._backend.observe()

@@ -26,6 +26,8 @@ async def test_a_closed_gate_never_acquires_but_keeps_looking(start, store) -> N
     b = start("b")
     await asyncio.sleep(0.1)
     assert leader_of(a, b) == ["b"]
+    # It is no candidate either: no hand-over or pre-emption can name it.
+    assert "a" not in store.live_candidates() and "b" in store.live_candidates()
     b.election.stop()
     await asyncio.sleep(3 * TTL_S)  # the lock is free all that time
     assert leader_of(a) == []
@@ -66,3 +68,18 @@ async def test_a_resignation_reason_is_resigned_or_app_unhealthy(start, store) -
     with pytest.raises(ValueError, match="reason"):
         a.election.resign(stand_back_s=0.0, reason=StepDownReason.LOST)
     assert leader_of(a) == ["a"]
+
+
+async def test_a_candidate_whose_gate_closes_withdraws_at_its_next_cycle(start, store) -> None:
+    a = start("a")
+    await asyncio.sleep(0.1)
+    b = start("b", priority=5)
+    await asyncio.sleep(0.1)
+    assert "b" in store.live_candidates()
+    b.election.gate_contending(may_contend=False)
+    await asyncio.sleep(TTL_S)  # b's next look is at a's lease end at the latest
+    assert "b" not in store.live_candidates()
+    # So a never yields to it, higher priority or not, and leads on.
+    await asyncio.sleep(3 * TTL_S)
+    assert leader_of(a, b) == ["a"]
+    assert not [o for o in a.recorder.outcomes if o.step_down_reason is not None]
