@@ -274,7 +274,8 @@ class AppHealthGate:
     def observe_outcome(self, lock: str, outcome: CycleOutcome) -> None:
         """Every cycle's outcome of `lock`: the gate counts a term from its grant."""
         if outcome.kind is OutcomeKind.ACQUIRED:
-            self._led_since[lock] = outcome.at
+            # From the grant's answer: the term began for everyone who saw it begin.
+            self._led_since[lock] = outcome.at + (outcome.duration_s or 0.0)
             if not self.healthy:
                 # Granted by an acquire sent just before the app turned unhealthy.
                 self._apply()

@@ -66,6 +66,14 @@ def logged(process: DaemonProcess, event: str, **fields: object) -> list[float]:
     ]
 
 
+def logged_once(process: DaemonProcess, event: str, **fields: object) -> float:
+    """When the daemon logged `event` (once): waits for the line, which is written just after
+    the moment /leader already shows (the status is published first)."""
+    wait_until(lambda: logged(process, event, **fields), timeout_s=HANG_S)
+    (at,) = logged(process, event, **fields)
+    return at
+
+
 def metric_value(process: DaemonProcess, name: str) -> float | None:
     for line in process.metrics().splitlines():
         if line.startswith(name + "{") or line.startswith(name + " "):
@@ -86,11 +94,12 @@ def test_the_leader_hands_over_when_its_app_fails_and_an_unhealthy_replica_never
         turned_at = time.time()
         apps["a"].mode = "sick"
         wait_until(b.is_leader, timeout_s=HANG_S)
-    (took_over_at,) = logged(b, "acquired", identity="b")
+    took_over_at = logged_once(b, "acquired", identity="b")
     # The three failed checks are timer wake-ups of a's checker; the hand-over is a's step-down,
     # its release and b's acquire on the announcement: each may run as late as measured here.
     bound_s = INTERVAL_S * FAILURES + 1.0 + 3 * lateness.worst_s
     assert took_over_at - turned_at <= bound_s, (took_over_at - turned_at, lateness)
+    wait_until(lambda: logged(a, "released"), timeout_s=HANG_S)  # a's line may follow b's grant
     (stepped,) = [line for line in a.log_lines() if line.get("event") == "released"]
     assert stepped["reason"] == "app_unhealthy"
     assert logged(a, "app_unhealthy")
@@ -110,6 +119,7 @@ def test_the_leader_hands_over_when_its_app_fails_and_an_unhealthy_replica_never
     recovered_at = time.time()
     apps["a"].mode = "ok"
     wait_until(a.is_leader, timeout_s=HANG_S)
+    wait_until(lambda: len(logged(a, "acquired", identity="a")) == 2, timeout_s=HANG_S)
     acquired = logged(a, "acquired", identity="a")
     assert len(acquired) == 2 and acquired[1] >= recovered_at
 
@@ -193,10 +203,11 @@ def test_exec_mode_the_command_follows_the_app_and_the_journals_never_overlap(
         turned_at = time.time()
         apps["a"].mode = "sick"
         wait_until(lambda: started("b") == 1, timeout_s=HANG_S)
-    (took_over_at,) = logged(b, "acquired", identity="b")
+    took_over_at = logged_once(b, "acquired", identity="b")
     # As in sidecar mode, and a's command is stopped (SIGTERM; it ends within a write) first.
     bound_s = INTERVAL_S * FAILURES + 1.0 + 3 * lateness.worst_s
     assert took_over_at - turned_at <= bound_s, (took_over_at - turned_at, lateness)
+    wait_until(lambda: logged(a, "released"), timeout_s=HANG_S)
     assert [line["reason"] for line in a.log_lines() if line.get("event") == "released"] == ["app_unhealthy"]
 
     # b's daemon dies (its keeper stops b's command); a's app still fails: a never leads.
