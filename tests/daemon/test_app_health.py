@@ -138,6 +138,30 @@ def test_a_replica_whose_app_never_answered_never_leads(daemon: DaemonStarter) -
     assert a.get("/readyz")[0] == 200
 
 
+def test_every_app_unhealthy_means_no_leader_and_every_replica_says_so(
+    daemon: DaemonStarter, apps: dict[str, AppStub]
+) -> None:
+    a = daemon("a", "--app-health-url", apps["a"].url, *gated(), ttl="1s")
+    wait_until(a.is_leader, timeout_s=START_S)
+    b = daemon("b", "--app-health-url", apps["b"].url, *gated(), ttl="1s")
+    wait_until(lambda: logged(b, "app_healthy"), timeout_s=START_S)
+    apps["b"].mode = apps["a"].mode = "sick"
+    # b's checks may lag a's by a few: it may take the lease a's release frees, and hand it on.
+    wait_until(lambda: logged(a, "app_unhealthy") and logged(b, "app_unhealthy"), timeout_s=HANG_S)
+    wait_until(lambda: not a.is_leader() and not b.is_leader(), timeout_s=HANG_S)
+    watched_until = time.time() + 3 * 1.0
+    while time.time() < watched_until:
+        assert not a.is_leader() and not b.is_leader()
+        time.sleep(0.05)
+    # What an operator sees: no leader, and every replica's app unhealthy (not a Redis problem).
+    for replica in (a, b):
+        assert metric_value(replica, "elector_app_healthy") == 0
+        assert metric_value(replica, "elector_is_leader") == 0
+        assert metric_value(replica, "elector_redis_up") == 1
+    apps["b"].mode = "ok"
+    wait_until(b.is_leader, timeout_s=HANG_S)
+
+
 @pytest.mark.parametrize("mode", ["hang", "huge", "garbage"])
 def test_a_hung_or_hostile_app_is_a_failure_within_the_timeout(daemon: DaemonStarter, mode: str) -> None:
     stub = AppStub(mode)
