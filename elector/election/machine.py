@@ -51,6 +51,7 @@ from elector.lease import (
     Granted,
     Handoff,
     Held,
+    Holder,
     LeaseBackendError,
     Lost,
     QuietPeriod,
@@ -315,22 +316,14 @@ class Election(SteppingDown, RoundMember):
 
         cap = received + self._timing.ttl_s
         if isinstance(result, Held):
-            # Redis read the PTTL between send and receive: the expiry is no earlier than
-            # send + PTTL, and waking then (not later) is what makes a takeover prompt. Waking a
-            # little early only costs one more look, and never less than a millisecond apart.
-            expires_at = None if result.remaining_ms is None else sent + max(result.remaining_ms, 1) / 1000
             if result.holder is not None:
                 self._check_token(result.holder.fencing_token)
-            self._observe_holder(result.holder, expires_at=expires_at)
-            wake = cap if expires_at is None else min(cap, expires_at + self._jitter())
-            return CycleOutcome(
-                kind=OutcomeKind.HELD,
-                state=self._state,
-                at=sent,
-                duration_s=received - sent,
+            return self._holder_seen(
+                OutcomeKind.HELD,
+                sent=sent,
+                received=received,
                 holder=result.holder,
                 remaining_ms=result.remaining_ms,
-                next_cycle_at=wake,
                 identity_clash=result.identity_clash,
             )
 
@@ -379,19 +372,41 @@ class Election(SteppingDown, RoundMember):
             )
         received = self._clock()
         self._backend_ok(received)
-        expires_at = None
-        if seen.holder is not None and seen.remaining_ms is not None:
-            expires_at = sent + max(seen.remaining_ms, 1) / 1000
-        self._observe_holder(seen.holder, expires_at=expires_at)
+        return self._holder_seen(
+            OutcomeKind.STAND_BACK,
+            sent=sent,
+            received=received,
+            holder=seen.holder,
+            remaining_ms=seen.remaining_ms,
+        )
+
+    def _holder_seen(
+        self,
+        kind: OutcomeKind,
+        *,
+        sent: float,
+        received: float,
+        holder: Holder | None,
+        remaining_ms: int | None,
+        identity_clash: bool = False,
+    ) -> CycleOutcome:
+        """A follower saw the lease held (or free): look again when it can expire, at the latest
+        after the re-check cap of one ttl. Redis read the PTTL between send and receive: the
+        expiry is no earlier than send + PTTL, and waking then (not later) is what makes a
+        takeover prompt. Waking a little early only costs one more look, never less than a
+        millisecond apart."""
+        expires_at = None if remaining_ms is None else sent + max(remaining_ms, 1) / 1000
+        self._observe_holder(holder, expires_at=expires_at)
         cap = received + self._timing.ttl_s
         return CycleOutcome(
-            kind=OutcomeKind.STAND_BACK,
+            kind=kind,
             state=self._state,
             at=sent,
             duration_s=received - sent,
-            holder=seen.holder,
-            remaining_ms=seen.remaining_ms,
+            holder=holder,
+            remaining_ms=remaining_ms,
             next_cycle_at=cap if expires_at is None else min(cap, expires_at + self._jitter()),
+            identity_clash=identity_clash,
         )
 
     # -- leader --------------------------------------------------------------------------------

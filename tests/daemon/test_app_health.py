@@ -81,13 +81,21 @@ def metric_value(process: DaemonProcess, name: str) -> float | None:
     return None
 
 
+def leader_and_follower(
+    daemon: DaemonStarter, apps: dict[str, AppStub], *, ttl: str
+) -> tuple[DaemonProcess, DaemonProcess]:
+    """a leads; b, whose app is healthy, follows."""
+    a = daemon("a", "--app-health-url", apps["a"].url, *gated(), ttl=ttl)
+    wait_until(a.is_leader, timeout_s=START_S)
+    b = daemon("b", "--app-health-url", apps["b"].url, *gated(), ttl=ttl)
+    wait_until(lambda: logged(b, "app_healthy"), timeout_s=START_S)
+    return a, b
+
+
 def test_the_leader_hands_over_when_its_app_fails_and_an_unhealthy_replica_never_leads(
     daemon: DaemonStarter, apps: dict[str, AppStub]
 ) -> None:
-    a = daemon("a", "--app-health-url", apps["a"].url, *gated(), ttl="2s")
-    wait_until(a.is_leader, timeout_s=START_S)
-    b = daemon("b", "--app-health-url", apps["b"].url, *gated(), ttl="2s")
-    wait_until(lambda: logged(b, "app_healthy"), timeout_s=START_S)
+    a, b = leader_and_follower(daemon, apps, ttl="2s")
     assert metric_value(a, "elector_app_healthy") == 1
 
     with thread_lateness() as lateness:
@@ -141,10 +149,7 @@ def test_a_replica_whose_app_never_answered_never_leads(daemon: DaemonStarter) -
 def test_every_app_unhealthy_means_no_leader_and_every_replica_says_so(
     daemon: DaemonStarter, apps: dict[str, AppStub]
 ) -> None:
-    a = daemon("a", "--app-health-url", apps["a"].url, *gated(), ttl="1s")
-    wait_until(a.is_leader, timeout_s=START_S)
-    b = daemon("b", "--app-health-url", apps["b"].url, *gated(), ttl="1s")
-    wait_until(lambda: logged(b, "app_healthy"), timeout_s=START_S)
+    a, b = leader_and_follower(daemon, apps, ttl="1s")
     apps["b"].mode = apps["a"].mode = "sick"
     # b's checks may lag a's by a few: it may take the lease a's release frees, and hand it on.
     wait_until(lambda: logged(a, "app_unhealthy") and logged(b, "app_unhealthy"), timeout_s=HANG_S)

@@ -9,15 +9,10 @@ import asyncio
 import pytest
 
 from elector.election import OutcomeKind, State, StepDownReason
-from tests.support.election import Candidate, now
+from tests.election.test_machine_handoff import TTL_S, leader_of
+from tests.support.election import now
 
 pytestmark = pytest.mark.looptime
-
-TTL_S = 3.0
-
-
-def leader_of(*candidates: Candidate) -> list[str]:
-    return [c.election.identity for c in candidates if c.election.status().is_leader]
 
 
 async def test_a_closed_gate_never_acquires_but_keeps_looking(start, store) -> None:
