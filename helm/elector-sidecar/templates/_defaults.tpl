@@ -131,8 +131,8 @@ readinessProbe:
 preStopSleepSeconds: 5
 # ELECTOR_SHUTDOWN_LINGER: seconds /metrics stays up after the release at shutdown. 0: not passed.
 shutdownLingerSeconds: 0
-# A listener compatible with the retired Kubernetes contrib leader-elector sidecar: GET / answers
-# {"name": "<leader>"} (ELECTOR_COMPAT_HTTP_ADDRESS, <bindAddress>:<port>, container port "elector-compat"),
+# A listener compatible with the retired Kubernetes contrib leader-elector sidecar: it answers
+# {"name":"<leader>"}, any path or method (ELECTOR_COMPAT_HTTP_ADDRESS, <bindAddress>:<port>, container port "elector-compat"),
 # so an application that asks http://localhost:4040/ moves to elector by changing the sidecar only.
 leaderElectorCompat:
   # Open the listener. false: not passed (the daemon's default: off).
