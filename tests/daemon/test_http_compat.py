@@ -16,18 +16,28 @@ Real daemons, raw sockets: what goes over the wire is what is compared.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime
+import itertools
 import json
 import os
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from elector.daemon.http_compat import MAX_STREAMS
+from elector.daemon.service import Daemon
+from elector.daemon.settings import build_settings
+from elector.election import CycleOutcome, OutcomeKind, StepDownReason
+from elector.testing.redis_server import RedisServerProcess
 from tests.support.daemon import DaemonProcess, DaemonStarter, wait_until
+from tests.support.waiting import until
 
 #: Bounds on hangs, not claims.
 START_S = 15.0
@@ -239,3 +249,65 @@ def test_nais_sse_streams_are_capped_and_a_closed_one_frees_its_place(daemon: Da
     finally:
         for stream in streams:
             stream.close()
+
+
+async def test_event_streams_and_a_flood_of_them_never_delay_a_renewal(
+    redis_server: RedisServerProcess,
+) -> None:
+    """A leader (in this process) whose nais listener holds 16 streams that never read and
+    refuses a flood of more while they last: its renewals, by its own outcomes' send times, stay
+    within the renew interval plus one request timeout, and it never steps down."""
+    settings = build_settings(
+        lock="jobs", identity="a", redis_url=redis_server.url, ttl=2.0, http_address="127.0.0.1:0",
+        compat_http_address="127.0.0.1:0", compat_api="nais",
+    )  # fmt: skip
+    outcomes: list[CycleOutcome] = []
+    daemon = Daemon(
+        settings, registry=CollectorRegistry(), outcome_observer=lambda _, outcome: outcomes.append(outcome)
+    )
+    task = asyncio.create_task(daemon.run(install_signal_handlers=False))
+    stop = threading.Event()
+    refused: list[int] = []
+
+    def flood(port: int) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                refused.append(split(exchange(port, request("GET", "/sse"), timeout_s=2.0))[0])
+
+    try:
+        await until(lambda: daemon.locks[0].status().is_leader, timeout_s=START_S)
+        port = daemon.http.bound_port("compat")
+        silent = []
+        for _ in range(MAX_STREAMS):  # they never read what they are sent
+            sock = socket.create_connection(("127.0.0.1", port), timeout=HANG_S)
+            sock.sendall(b"GET /sse HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            silent.append(sock)
+        clock = daemon.locks[0].status
+        began = clock().now
+        flooders = [threading.Thread(target=flood, args=(port,), daemon=True) for _ in range(4)]
+        for thread in flooders:
+            thread.start()
+        await asyncio.sleep(4.0)
+        ended = clock().now
+        stop.set()
+        for thread in flooders:
+            await asyncio.to_thread(thread.join, HANG_S)
+        for sock in silent:
+            sock.close()
+    finally:
+        stop.set()
+        daemon.request_stop()
+        async with asyncio.timeout(HANG_S):
+            await task
+    assert refused and set(refused) == {503}, set(refused)
+    timing = settings.timing
+    renewals = [
+        o.at
+        for o in outcomes
+        if o.kind is OutcomeKind.RENEWED and began - timing.renew_interval_s <= o.at <= ended
+    ]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(renewals)]
+    assert len(renewals) >= 4 and max(gaps) <= timing.renew_interval_s + timing.request_timeout_s, gaps
+    assert [o.step_down_reason for o in outcomes if o.step_down_reason is not None] == [
+        StepDownReason.SHUTDOWN
+    ]
