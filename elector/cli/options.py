@@ -427,8 +427,15 @@ RUN_OPTIONS = (
     HTTP_ADDRESS,
     Option(
         "compat_http_address",
-        help="host:port (conventionally :4040) of a listener answering GET / with "
-        '{"name": "<leader>"} as the retired leader-elector sidecar did. Default: off.',
+        help="host:port (conventionally :4040) of a listener answering any request with "
+        '{"name":"<leader>"} as the retired leader-elector sidecar did. Default: off.',
+    ),
+    Option(
+        "compat_api",
+        type=click.Choice(["leader-elector", "nais"]),
+        default="leader-elector",
+        help="The API of --compat-http-address: leader-elector (the contrib image, answer for answer) "
+        "or nais (nais/elector's: last_update in the body, /sse streaming leader changes).",
     ),
     LOG_FORMAT,
     LOG_LEVEL,
@@ -476,6 +483,38 @@ RUN_OPTIONS = (
         "renew histogram without the label, plus elector_locks, elector_locks_leading and "
         "elector_locks_redis_down instead of the per-lock gauges. auto: per lock up to 100 locks "
         "(~45 series each), aggregate above.",
+    ),
+    Option(
+        "app_health_url",
+        help="The app's own health URL (http:// or https://, e.g. http://127.0.0.1:8080/healthz): "
+        "contend only while it answers 2xx, and hand over when it fails --app-health-failures "
+        "checks in a row. An app that never answered 2xx never leads. Exec mode: the URL is the "
+        "command's health. Default: off.",
+    ),
+    Option(
+        "app_health_interval",
+        type=DURATION,
+        default="1s",
+        help="Time between two checks of --app-health-url.",
+    ),
+    Option(
+        "app_health_failures",
+        type=click.IntRange(1, 100),
+        default=3,
+        help="Failed checks in a row (not 2xx, a timeout, refused) that make the app unhealthy; one "
+        "success makes it healthy again.",
+    ),
+    Option(
+        "app_health_timeout",
+        type=DURATION,
+        help="How long one check may take, connecting included (at most the interval). Default: half "
+        "the interval, at most 1s.",
+    ),
+    Option(
+        "app_health_min_term",
+        type=DURATION,
+        help="Hysteresis: a leader hands over for its app's health only once it has led this long, "
+        "so a flapping app cannot move leadership more often. Default: the ttl.",
     ),
     Option(
         "kill_grace",

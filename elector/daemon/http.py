@@ -52,7 +52,6 @@ __all__ = [
     "Request",
     "Response",
     "json_response",
-    "make_compat_app",
     "make_http_app",
     "metrics_handler",
     "parse_http_address",
@@ -294,21 +293,6 @@ def metrics_handler(registry: CollectorRegistry) -> Handler:
         return Response(200, body, tuple(headers))
 
     return metrics
-
-
-def make_compat_app(*, status: StatusProvider) -> HttpApp:
-    """The retired Kubernetes contrib `leader-elector` sidecar's API, for apps that still ask it:
-    `GET /` answers `{"name": "<identity of the lock's holder>"}`, an empty name when none is
-    known (the holder as this replica last observed it, itself when it leads)."""
-
-    async def leader_name(request: Request) -> Response:
-        snapshot = status()
-        holder = snapshot.holder
-        expired = not snapshot.is_leader and snapshot.lease_remaining_s == 0
-        name = "" if holder is None or expired else holder.identity
-        return Response(200, json.dumps({"name": name}).encode(), (("Content-Type", "application/json"),))
-
-    return HttpApp({"/": leader_name}, immediate=("/",))
 
 
 class HttpStatsCollector:

@@ -13,7 +13,7 @@ import dataclasses
 import http
 import logging
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Protocol, runtime_checkable
 
 import h11
@@ -69,6 +69,9 @@ class Response:
     body: bytes = b""
     #: Besides Content-Length, which the server sets.
     headers: tuple[tuple[str, str], ...] = ()
+    #: A streamed answer (server-sent events): the body, then each piece this yields, each taken
+    #: by the client within SEND_TIMEOUT_S; no Content-Length, and the connection closes after.
+    stream: Callable[[], AsyncIterator[bytes]] | None = None
 
 
 Application = Callable[[Request], Awaitable[Response]]
@@ -85,7 +88,9 @@ class AnswersAtOnce(Protocol):
 
 def response_event(response: Response) -> h11.Response:
     """The answer's status line and headers for h11 (Content-Length set from the body)."""
-    headers = [*response.headers, ("Content-Length", str(len(response.body)))]
+    headers = list(response.headers)
+    if response.stream is None:
+        headers.append(("Content-Length", str(len(response.body))))
     reason = http.HTTPStatus(response.status).phrase.encode()
     return h11.Response(status_code=response.status, headers=headers, reason=reason)
 
@@ -231,7 +236,7 @@ class Connection:
             with self._waiting_on_client(MID_REQUEST):
                 await self._send(response, head_only=request.method == "HEAD")
                 body_skipped = await self._skip_body()
-            if not body_skipped or self._h11.our_state is not h11.DONE:
+            if not body_skipped or self._h11.our_state is not h11.DONE or response.stream is not None:
                 await self._linger()
                 return
             self._h11.start_next_cycle()
@@ -269,8 +274,45 @@ class Connection:
                 piece = self._h11.send(h11.Data(data=body[start : start + WRITE_BUFFER_BYTES]))
                 self._writer.write(piece or b"")
                 await self._writer.drain()
+        if response.stream is not None and not head_only:
+            await self._send_stream(response.stream())
+        async with asyncio.timeout(SEND_TIMEOUT_S):
             self._writer.write(self._h11.send(h11.EndOfMessage()) or b"")
             await self._writer.drain()
+
+    async def _send_stream(self, pieces: AsyncIterator[bytes]) -> None:
+        """Each piece as it comes, taken by the client within SEND_TIMEOUT_S (else the stream is
+        cut: a client that stopped reading costs one piece of buffer, not a backlog), until the
+        stream ends or the client closes its side (or sends more than _LINGER_BYTES meanwhile)."""
+        gone = asyncio.ensure_future(self._client_gone())
+        try:
+            while True:
+                coming = asyncio.ensure_future(anext(pieces))
+                await asyncio.wait([coming, gone], return_when=asyncio.FIRST_COMPLETED)
+                if not coming.done():
+                    coming.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                        await coming
+                    return
+                try:
+                    piece = coming.result()
+                except StopAsyncIteration:
+                    return
+                async with asyncio.timeout(SEND_TIMEOUT_S):
+                    self._writer.write(self._h11.send(h11.Data(data=piece)) or b"")
+                    await self._writer.drain()
+        finally:
+            gone.cancel()
+            aclose = getattr(pieces, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def _client_gone(self) -> None:
+        """Returns when the client has closed its side (its input meanwhile is dropped), or sent
+        more than _LINGER_BYTES while it should only listen."""
+        received = 0
+        while received <= _LINGER_BYTES and (data := await self._reader.read(_READ_SIZE)):
+            received += len(data)
 
     async def _skip_body(self) -> bool:
         """Read and drop what is left of the request's body; False when too big, slow or bad."""

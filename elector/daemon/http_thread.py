@@ -28,7 +28,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 
 from elector.daemon.http_server import Application, HttpServer, HttpSettings, HttpStats
 from elector.election.clock import boottime
@@ -106,6 +106,9 @@ class Listener:
     settings: HttpSettings
     #: Where the server counts what its connection budget did (for the metrics).
     stats: HttpStats | None = None
+    #: Work of the application that runs beside its server, in this thread (the compat
+    #: listener's watch for a new leader); cancelled when the server stops.
+    background: Callable[[], Coroutine[object, object, None]] | None = None
 
 
 class HttpThread:
@@ -201,10 +204,17 @@ class HttpThread:
                 }
             )
             governor = asyncio.create_task(_govern_cpu(), name="http-cpu-governor")
+            beside = [
+                asyncio.create_task(listener.background(), name=f"http-{listener.name}-background")
+                for listener in self._listeners
+                if listener.background is not None
+            ]
             try:
                 await self._stop_requested.wait()
             finally:
                 governor.cancel()
+                for task in beside:
+                    task.cancel()
         finally:
             await asyncio.gather(*(server.stop() for server in servers), return_exceptions=True)
 

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 from elector._version import __version__
 from elector.backend.topologies.factory import LeaseConnections
 from elector.backend.topologies.sentinel_watch import default_poll_interval_s, watch_master
+from elector.daemon.app_health import AppHealthChecker, AppHealthCollector, AppHealthGate
 from elector.daemon.execmode.runner import ExecMode, keeper_margin_s
 from elector.daemon.execmode.supervisor import (
     AwaitedChildren,
@@ -32,7 +33,8 @@ from elector.daemon.execmode.supervisor import (
     become_subreaper,
     watch_children_with_pidfds,
 )
-from elector.daemon.http import HttpBindError, HttpStats, HttpStatsCollector, make_compat_app, make_http_app
+from elector.daemon.http import HttpBindError, HttpStats, HttpStatsCollector, make_http_app
+from elector.daemon.http_compat import NaisApi, make_compat_app
 from elector.daemon.http_thread import HttpThread, Listener
 from elector.daemon.lock_election import EXIT_LOST_LEADERSHIP, LockElection, republish
 from elector.daemon.logs import configure_logging, make_logger
@@ -121,6 +123,12 @@ class Daemon:
         # Shared by the command's supervisor and the orphan reaper: neither reaps the other's.
         self._children = AwaitedChildren()
         hooks: dict[str, Any] = {}
+        #: --app-health-url: no lock contends unless the app is healthy (app_health.py).
+        self.app_health = (
+            None
+            if settings.app_health is None
+            else AppHealthGate(settings.app_health, log=self.log, exec_mode=settings.exec is not None)
+        )
         if settings.exec is not None:
             self.exec_mode = ExecMode(
                 settings.exec,
@@ -136,7 +144,16 @@ class Daemon:
                 "on_stopped_leading": self.exec_mode.on_stopped_leading,
                 "on_outcome": self.exec_mode.observe,  # renewals' validity ends, to the keeper
             }
-        self.locks = [LockElection(self, lock=lock, families=families, **hooks) for lock in settings.locks]
+        self.locks = [
+            LockElection(self, lock=lock, families=families, **self._with_app_health(lock, hooks))
+            for lock in settings.locks
+        ]
+        self._app_health_checker: AppHealthChecker | None = None
+        if self.app_health is not None and settings.app_health is not None:
+            self.app_health.attach([lock.election for lock in self.locks])
+            self._app_health_checker = AppHealthChecker(settings.app_health, deliver=self.app_health.observe)
+            locks = list(settings.locks) if settings.per_lock_metrics else None
+            self.registry.register(AppHealthCollector(self.app_health, locks=locks))
         if self.exec_mode is not None:
             self.exec_mode.attach(self.locks[0].election)
         self._batched_stop = BatchedStop(
@@ -147,6 +164,20 @@ class Daemon:
         self.http_stats = HttpStats()
         self.registry.register(HttpStatsCollector(self.http_stats))
         self.http = HttpThread(self._http_listeners())
+
+    def _with_app_health(self, lock: str, hooks: dict[str, Any]) -> dict[str, Any]:
+        """`hooks` with the app-health gate's outcome observer of `lock` added."""
+        gate = self.app_health
+        if gate is None:
+            return hooks
+        other = hooks.get("on_outcome")
+
+        def on_outcome(outcome: CycleOutcome) -> None:
+            gate.observe_outcome(lock, outcome)
+            if other is not None:
+                other(outcome)
+
+        return {**hooks, "on_outcome": on_outcome}
 
     def _http_listeners(self) -> list[Listener]:
         """What the HTTP thread serves; it reads each lock's published status, never the election."""
@@ -163,8 +194,12 @@ class Daemon:
         listeners = [Listener("http", app, self.settings.http, stats=self.http_stats)]
         if self.settings.compat_http is not None:
             # Same thread, same budgets; one lock (settings refuse more).
-            compat = make_compat_app(status=self.locks[0].published)
-            listeners.append(Listener("compat", compat, self.settings.compat_http, stats=HttpStats()))
+            compat = make_compat_app(status=self.locks[0].published, api=self.settings.compat_api)
+            watch = compat.watch if isinstance(compat, NaisApi) else None
+            listener = Listener(
+                "compat", compat, self.settings.compat_http, stats=HttpStats(), background=watch
+            )
+            listeners.append(listener)
         return listeners
 
     @property
@@ -221,6 +256,8 @@ class Daemon:
             return EXIT_FATAL
         if install_signal_handlers:
             install_loop_block_hook(loop, log=self.log)  # a fault-injection hook: off by default
+        if self._app_health_checker is not None:
+            self._app_health_checker.start(loop)  # its own thread; results come back to this loop
         if self.exec_mode is not None or os.getpid() == 1:
             # Orphans of the command (a `sh -c` whose shell died) are re-parented to us, not to
             # init, so that they can be found, killed and reaped; as PID 1 we reap every orphan.
@@ -247,6 +284,7 @@ class Daemon:
             priority=settings.priority,
             command=None if settings.exec is None else list(settings.exec.command),
             kill_grace_ms=None if settings.exec is None else round(settings.exec.kill_grace_s * 1000),
+            app_health_url=None if settings.app_health is None else settings.app_health.url,
             pid=os.getpid(),
         )
         try:
@@ -292,6 +330,9 @@ class Daemon:
             if self._yield_cpu_when_done:
                 yield_cpu()
             republisher.cancel()
+            if self._app_health_checker is not None and self.app_health is not None:
+                self._app_health_checker.stop()
+                self.app_health.close()
             if self.exec_mode is not None:
                 # Normally stopped by the election's own hook; this covers a crash or a cancel.
                 with contextlib.suppress(Exception):

@@ -20,8 +20,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from elector.backend import InvalidRedisSettingsError, RedisSettings
+from elector.daemon.app_health import (
+    MAX_FAILURES,
+    MIN_INTERVAL_S,
+    AppHealthSettings,
+    parse_app_health_url,
+)
 from elector.daemon.execmode.supervisor import stop_budget_s
 from elector.daemon.http import HttpSettings, parse_http_address
+from elector.daemon.http_compat import COMPAT_APIS
 from elector.daemon.leader_file import LEADER_FILE_WAIT_S, LeaderFileError, check_leader_file_path
 from elector.daemon.logs import LOG_FORMATS, LogSettings
 from elector.election import ElectionTiming, InvalidTimingError
@@ -139,8 +146,12 @@ class Settings:
     exec: ExecSettings | None = None
     #: The retired leader-elector sidecar's API (`GET /` -> {"name": holder}); None: off.
     compat_http: HttpSettings | None = None
+    #: Whose API the compat listener speaks: leader-elector, or nais (`last_update`, `/sse`).
+    compat_api: str = "leader-elector"
     #: --metrics-per-lock: auto, always or never (see `per_lock_metrics`).
     metrics_per_lock: str = "auto"
+    #: --app-health-url and its timing: contend only while the app is healthy; None: off.
+    app_health: AppHealthSettings | None = None
 
     @property
     def per_lock_metrics(self) -> bool:
@@ -302,6 +313,12 @@ def build_settings(
     on_child_exit: str = "release",
     shutdown_linger: float = 0.0,
     metrics_per_lock: str = "auto",
+    compat_api: str = "leader-elector",
+    app_health_url: str | None = None,
+    app_health_interval: float = 1.0,
+    app_health_failures: int = 3,
+    app_health_timeout: float | None = None,
+    app_health_min_term: float | None = None,
 ) -> Settings:
     """Assemble and check every setting; raises SettingsError naming the first bad one.
 
@@ -359,6 +376,8 @@ def build_settings(
     except ValueError as exc:
         raise SettingsError("http_address", str(exc)) from None
     compat_http = _compat_http(compat_http_address, http=http, locks=len(locks))
+    if compat_api not in COMPAT_APIS:
+        raise SettingsError("compat_api", f"{compat_api!r} is not one of {', '.join(COMPAT_APIS)}")
     try:
         logs = LogSettings(format=log_format, level=log_level)  # type: ignore[arg-type]
     except ValueError as exc:
@@ -376,6 +395,14 @@ def build_settings(
             "metrics_per_lock",
             f"{metrics_per_lock!r} is not one of {', '.join(METRICS_PER_LOCK_CHOICES)}",
         )
+    app_health = _app_health(
+        app_health_url,
+        interval_s=app_health_interval,
+        failures=app_health_failures,
+        timeout_s=app_health_timeout,
+        min_term_s=app_health_min_term,
+        ttl_s=timing.ttl_s,
+    )
     return Settings(
         locks=locks,
         identity=identity,
@@ -390,6 +417,8 @@ def build_settings(
         exec=exec_settings,
         metrics_per_lock=metrics_per_lock,
         compat_http=compat_http,
+        compat_api=compat_api,
+        app_health=app_health,
     )
 
 
@@ -406,6 +435,48 @@ def _compat_http(address: str | None, *, http: HttpSettings, locks: int) -> Http
         reason = f"is --http-address's own ({http.address}): pick another port"
         raise SettingsError("compat_http_address", reason)
     return compat
+
+
+def _app_health(
+    url: str | None,
+    *,
+    interval_s: float,
+    failures: int,
+    timeout_s: float | None,
+    min_term_s: float | None,
+    ttl_s: float,
+) -> AppHealthSettings | None:
+    if url is None or not url.strip():
+        for name, given in (("app_health_timeout", timeout_s), ("app_health_min_term", min_term_s)):
+            if given is not None:
+                raise SettingsError(name, "only applies with --app-health-url")
+        return None
+    try:
+        parse_app_health_url(url)
+    except ValueError as exc:
+        raise SettingsError("app_health_url", str(exc)) from None
+    if not interval_s >= MIN_INTERVAL_S:
+        raise SettingsError(
+            "app_health_interval",
+            f"must be at least {MIN_INTERVAL_S * 1000:g}ms, got {interval_s * 1000:g}ms",
+        )
+    if not 1 <= failures <= MAX_FAILURES:
+        raise SettingsError("app_health_failures", f"must be between 1 and {MAX_FAILURES}, got {failures}")
+    if timeout_s is None:
+        timeout_s = min(interval_s / 2, 1.0)
+    if not 0 < timeout_s <= interval_s:
+        raise SettingsError(
+            ("app_health_timeout", "app_health_interval"),
+            f"the timeout must be positive and at most the interval (checks never overlap), got "
+            f"{timeout_s * 1000:g}ms and {interval_s * 1000:g}ms",
+        )
+    if min_term_s is None:
+        min_term_s = ttl_s
+    if min_term_s < 0:
+        raise SettingsError("app_health_min_term", f"must not be negative, got {min_term_s * 1000:g}ms")
+    return AppHealthSettings(
+        url=url.strip(), interval_s=interval_s, failures=failures, timeout_s=timeout_s, min_term_s=min_term_s
+    )
 
 
 #: The names of the settings of `elector run`.

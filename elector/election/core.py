@@ -16,10 +16,10 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from elector.election.cadence import RENEW_GRID_S
+from elector.election.cadence import RENEW_GRID_S, failure_backoff_s, wake_jitter_s
 from elector.election.clash import ClashEpisodes
 from elector.election.hooks import ElectionHooks
-from elector.election.outcome import CycleOutcome, State, StepDownReason
+from elector.election.outcome import CycleOutcome, OutcomeKind, State, StepDownReason
 from elector.election.timers import SharedTimers
 
 if TYPE_CHECKING:
@@ -111,9 +111,13 @@ class ElectionCore:
         self._led_since = 0.0
         self._rival_seen_since: float | None = None
         self._resign_stand_back_s: float | None = None
+        self._resign_reason = StepDownReason.RESIGNED
         self._contend_not_before = 0.0
         #: Held by the program while its own leader work of an ended term still runs.
         self._contend_held = False
+        #: Closed by `gate_contending` while something outside the lease forbids leading.
+        self._may_contend = True
+        self._withdrawn_while_gated = False
         self._hold_lifted = False
 
         self._holder: Holder | None = None
@@ -185,6 +189,68 @@ class ElectionCore:
             await call
         except Exception:
             logger.exception("%s hook failed", name, extra={"lock": self.lock})
+
+    # -- outcomes every cycle may end with ------------------------------------------------------
+
+    def _failed(
+        self,
+        kind: OutcomeKind,
+        *,
+        sent: float,
+        error: str,
+        error_kind: str | None = None,
+        retry_at: float | None = None,
+    ) -> CycleOutcome:
+        """A failed request; retried at `retry_at`, or after an exponential back-off."""
+        received = self._clock()
+        self._note_failure()
+        if retry_at is None:
+            # Exponential back-off with jitter, capped so a recovered Redis is noticed quickly.
+            retry_at = received + failure_backoff_s(
+                self._failures_in_a_row, renew_interval_s=self._timing.renew_interval_s, rng=self._rng
+            )
+        return CycleOutcome(
+            kind=kind,
+            state=self._state,
+            at=sent,
+            duration_s=received - sent,
+            holder=self._holder,
+            error=error,
+            error_kind=error_kind,
+            next_cycle_at=retry_at,
+        )
+
+    def _holder_seen(
+        self,
+        kind: OutcomeKind,
+        *,
+        sent: float,
+        received: float,
+        holder: Holder | None,
+        remaining_ms: int | None,
+        identity_clash: bool = False,
+    ) -> CycleOutcome:
+        """A follower saw the lease held (or free): look again when it can expire, at the latest
+        after the re-check cap of one ttl. Redis read the PTTL between send and receive: the
+        expiry is no earlier than send + PTTL, and waking then (not later) is what makes a
+        takeover prompt. Waking a little early only costs one more look, never less than a
+        millisecond apart."""
+        expires_at = None if remaining_ms is None else sent + max(remaining_ms, 1) / 1000
+        self._observe_holder(holder, expires_at=expires_at)
+        cap = received + self._timing.ttl_s
+        return CycleOutcome(
+            kind=kind,
+            state=self._state,
+            at=sent,
+            duration_s=received - sent,
+            holder=holder,
+            remaining_ms=remaining_ms,
+            next_cycle_at=cap if expires_at is None else min(cap, expires_at + self._jitter()),
+            identity_clash=identity_clash,
+        )
+
+    def _jitter(self) -> float:
+        return wake_jitter_s(ttl_s=self._timing.ttl_s, rng=self._rng)
 
 
 def error_kind_of(exc: BaseException) -> str:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from elector.election.cadence import failure_backoff_s, ms, next_renewal_at, wake_jitter_s
+from elector.election.cadence import ms, next_renewal_at
 from elector.election.core import describe_error, error_kind_of
 from elector.election.outcome import CycleOutcome, ElectionStatus, OutcomeKind, State, StepDownReason
 from elector.election.rounds import RoundMember
@@ -57,6 +57,9 @@ from elector.lease import (
     Renewed,
     StandBack,
 )
+
+#: The step-down reasons `Election.resign` may report.
+_RESIGN_REASONS = frozenset({StepDownReason.RESIGNED, StepDownReason.APP_UNHEALTHY})
 
 #: The outcomes after which a leader of a daemon with renewal rounds waits in them (rounds.py).
 _HELD_IN_ROUNDS = frozenset({OutcomeKind.ACQUIRED, OutcomeKind.RENEWED})
@@ -118,16 +121,35 @@ class Election(SteppingDown, RoundMember):
         self._stop_requested = True
         self._wakeup.set()
 
-    def resign(self, *, stand_back_s: float) -> None:
+    def resign(self, *, stand_back_s: float, reason: StepDownReason = StepDownReason.RESIGNED) -> None:
         """Give leadership up: stop leader work, release, and not contend for `stand_back_s`.
 
         A no-op for a follower (it does not stand back either). The step-down is reported with
-        `StepDownReason.RESIGNED` when the release completes.
+        `reason` when the release completes: RESIGNED, or APP_UNHEALTHY when the program's own
+        application failed (close `gate_contending` first, so that the release is not followed
+        by our own acquire).
         """
         if stand_back_s < 0:
             raise ValueError(f"stand_back_s must not be negative, got {stand_back_s}")
+        if reason not in _RESIGN_REASONS:
+            raise ValueError(f"a resignation's reason is one of {sorted(_RESIGN_REASONS)}, got {reason}")
         if self._state is State.LEADER:
             self._resign_stand_back_s = stand_back_s
+            self._resign_reason = reason
+            self._wakeup.set()
+
+    def gate_contending(self, *, may_contend: bool) -> None:
+        """Whether this replica may seek the lease, as something outside it decides (the
+        daemon's app health). While it may not, a follower sends no acquire (outcomes
+        STAND_BACK); a leader is not affected (`resign` ends its term). Opening the gate
+        contends at once. Independent of `hold_contending`: both must allow an acquire."""
+        self._may_contend = may_contend
+        if may_contend:
+            self._withdrawn_while_gated = False
+        if may_contend and self._state is State.FOLLOWER:
+            # Only a follower's wait: a lifted hold makes every wait return at once until the
+            # next follower cycle clears it, which a leader's renewals would then never do.
+            self._hold_lifted = True
             self._wakeup.set()
 
     def hold_contending(self, held: bool) -> None:
@@ -185,7 +207,7 @@ class Election(SteppingDown, RoundMember):
                 elif self._resign_stand_back_s is not None:
                     stand_back_s, self._resign_stand_back_s = self._resign_stand_back_s, None
                     if self._state is State.LEADER:
-                        await self._begin_step_down(StepDownReason.RESIGNED, release=True)
+                        await self._begin_step_down(self._resign_reason, release=True)
                         # max: a withheld release has already set the later time the lease lapses.
                         self._contend_not_before = max(self._contend_not_before, self._clock() + stand_back_s)
                 outcome = await self.step()
@@ -240,7 +262,9 @@ class Election(SteppingDown, RoundMember):
     async def _follower_cycle(self) -> CycleOutcome:
         sent = self._clock()
         self._hold_lifted = False
-        if sent < self._contend_not_before or self._contend_held:
+        if not self._may_contend and sent >= self._contend_not_before and not self._contend_held:
+            return await self._gated_cycle(sent)
+        if sent < self._contend_not_before or self._contend_held or not self._may_contend:
             # We resigned a moment ago (let the others have it), or our own late work still runs:
             # no request is sent. A lifted hold wakes us (see `_sleep_until`).
             until = self._contend_not_before if sent < self._contend_not_before else sent + self._timing.ttl_s
@@ -291,22 +315,14 @@ class Election(SteppingDown, RoundMember):
 
         cap = received + self._timing.ttl_s
         if isinstance(result, Held):
-            # Redis read the PTTL between send and receive: the expiry is no earlier than
-            # send + PTTL, and waking then (not later) is what makes a takeover prompt. Waking a
-            # little early only costs one more look, and never less than a millisecond apart.
-            expires_at = None if result.remaining_ms is None else sent + max(result.remaining_ms, 1) / 1000
             if result.holder is not None:
                 self._check_token(result.holder.fencing_token)
-            self._observe_holder(result.holder, expires_at=expires_at)
-            wake = cap if expires_at is None else min(cap, expires_at + self._jitter())
-            return CycleOutcome(
-                kind=OutcomeKind.HELD,
-                state=self._state,
-                at=sent,
-                duration_s=received - sent,
+            return self._holder_seen(
+                OutcomeKind.HELD,
+                sent=sent,
+                received=received,
                 holder=result.holder,
                 remaining_ms=result.remaining_ms,
-                next_cycle_at=wake,
                 identity_clash=result.identity_clash,
             )
 
@@ -335,6 +351,32 @@ class Election(SteppingDown, RoundMember):
             remaining_ms=result.remaining_ms,
             next_cycle_at=min(cap, sent + max(result.remaining_ms, 1) / 1000 + self._jitter()),
             identity_clash=result.identity_clash,
+        )
+
+    async def _gated_cycle(self, sent: float) -> CycleOutcome:
+        """The gate is closed (`gate_contending`): look at the lock without contending (a read:
+        no acquire, no registration), so that the holder and Redis's health stay known. The
+        first such cycle withdraws our candidate entry: no leader hands over or yields to us."""
+        self._cycle_due_by = sent + self._timing.request_timeout_s
+        if not self._withdrawn_while_gated:
+            self._withdrawn_while_gated = True
+            await self._withdraw()  # best effort, within a request timeout
+            sent = self._clock()
+        try:
+            async with asyncio.timeout(self._timing.request_timeout_s):
+                seen = await self._backend.observe()
+        except (LeaseBackendError, TimeoutError) as exc:
+            return self._failed(
+                OutcomeKind.ACQUIRE_ERROR, sent=sent, error=describe_error(exc), error_kind=error_kind_of(exc)
+            )
+        received = self._clock()
+        self._backend_ok(received)
+        return self._holder_seen(
+            OutcomeKind.STAND_BACK,
+            sent=sent,
+            received=received,
+            holder=seen.holder,
+            remaining_ms=seen.remaining_ms,
         )
 
     # -- leader --------------------------------------------------------------------------------
@@ -441,34 +483,6 @@ class Election(SteppingDown, RoundMember):
 
     # -- helpers of the cycles ----------------------------------------------------------------
 
-    def _failed(
-        self,
-        kind: OutcomeKind,
-        *,
-        sent: float,
-        error: str,
-        error_kind: str | None = None,
-        retry_at: float | None = None,
-    ) -> CycleOutcome:
-        """A failed request; retried at `retry_at`, or after an exponential back-off."""
-        received = self._clock()
-        self._note_failure()
-        if retry_at is None:
-            # Exponential back-off with jitter, capped so a recovered Redis is noticed quickly.
-            retry_at = received + failure_backoff_s(
-                self._failures_in_a_row, renew_interval_s=self._timing.renew_interval_s, rng=self._rng
-            )
-        return CycleOutcome(
-            kind=kind,
-            state=self._state,
-            at=sent,
-            duration_s=received - sent,
-            holder=self._holder,
-            error=error,
-            error_kind=error_kind,
-            next_cycle_at=retry_at,
-        )
-
     def _next_renewal(self, sent: float, *, first: bool = False) -> float:
         return next_renewal_at(
             sent,
@@ -478,6 +492,3 @@ class Election(SteppingDown, RoundMember):
             rng=self._rng,
             grid_s=self._renew_grid_s,
         )
-
-    def _jitter(self) -> float:
-        return wake_jitter_s(ttl_s=self._timing.ttl_s, rng=self._rng)

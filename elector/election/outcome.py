@@ -46,6 +46,9 @@ class StepDownReason(enum.StrEnum):
     HANDOFF = "handoff"
     #: A live candidate with a higher priority was seen long enough; released to it.
     PREEMPTED = "preempted"
+    #: The program's own application failed its health checks (`Election.resign(reason=...)`,
+    #: the daemon's --app-health-url); released so that a healthy candidate takes over at once.
+    APP_UNHEALTHY = "app_unhealthy"
 
 
 class OutcomeKind(enum.StrEnum):

@@ -18,7 +18,9 @@ from elector.election.outcome import CycleOutcome, OutcomeKind, State, StepDownR
 from elector.lease import Holder, LeaseBackendError
 
 #: Step-downs asked for from outside a cycle; their outcome is the release that completes them.
-REQUESTED_STEP_DOWNS = frozenset({StepDownReason.SHUTDOWN, StepDownReason.RESIGNED})
+REQUESTED_STEP_DOWNS = frozenset(
+    {StepDownReason.SHUTDOWN, StepDownReason.RESIGNED, StepDownReason.APP_UNHEALTHY}
+)
 
 
 class SteppingDown(ElectionCore):

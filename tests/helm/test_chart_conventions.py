@@ -377,4 +377,4 @@ def test_the_docs_map_leader_electors_flags() -> None:
     section = section[: section.index("\n## ", 5)]
     for flag in ("--election=", "--election-namespace=", "--http=", "--ttl="):
         assert f"`{flag}" in section, flag
-    assert '{"name": "<leader>"}' in section and "leaderElectorCompat" in section
+    assert '{"name":"<leader>"}' in section and "leaderElectorCompat" in section

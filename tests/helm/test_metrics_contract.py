@@ -178,6 +178,7 @@ def test_the_daemons_export_the_documented_label_values(exported: Exported) -> N
         "resigned",
         "handoff",
         "preempted",
+        "app_unhealthy",
     }
     assert exported.labels["elector_acquire_attempts_total"]["result"] == {
         "acquired",

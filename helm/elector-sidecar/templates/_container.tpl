@@ -79,10 +79,13 @@ containers of the pod share its network namespace, so one of the two would fail 
 {{- define "elector-sidecar.env" -}}
 {{- $v := include "elector-sidecar.values" . | fromYaml }}
 {{- $tls := $v.redis.tls | default dict -}}
+{{- $compat := $v.leaderElectorCompat -}}
+{{- if not (and $compat.enabled $compat.identityFromHostname) }}
 - name: POD_NAME
   valueFrom:
     fieldRef:
       fieldPath: metadata.name
+{{- end }}
 - name: ELECTOR_REDIS_URL
   value: {{ $v.redis.url | quote }}
 - name: ELECTOR_LOCK
@@ -143,9 +146,33 @@ containers of the pod share its network namespace, so one of the two would fail 
 - name: ELECTOR_REPLICAS_ACK_TIMEOUT
   value: {{ . | quote }}
 {{- end }}
-{{- if $v.leaderElectorCompat.enabled }}
+{{- if $compat.enabled }}
 - name: ELECTOR_COMPAT_HTTP_ADDRESS
-  value: {{ include "elector-sidecar.hostPort" (dict "host" $v.bindAddress "port" $v.leaderElectorCompat.port) | quote }}
+  value: {{ include "elector-sidecar.hostPort" (dict "host" $v.bindAddress "port" $compat.port) | quote }}
+{{- if ne (toString $compat.api) "leader-elector" }}
+- name: ELECTOR_COMPAT_API
+  value: {{ $compat.api | quote }}
+{{- end }}
+{{- end }}
+{{- with $v.appHealth.url }}
+- name: ELECTOR_APP_HEALTH_URL
+  value: {{ . | quote }}
+{{- with $v.appHealth.interval }}
+- name: ELECTOR_APP_HEALTH_INTERVAL
+  value: {{ . | quote }}
+{{- end }}
+{{- if gt (int ($v.appHealth.failures | default 0)) 0 }}
+- name: ELECTOR_APP_HEALTH_FAILURES
+  value: {{ int $v.appHealth.failures | toString | quote }}
+{{- end }}
+{{- with $v.appHealth.timeout }}
+- name: ELECTOR_APP_HEALTH_TIMEOUT
+  value: {{ . | quote }}
+{{- end }}
+{{- with $v.appHealth.minTerm }}
+- name: ELECTOR_APP_HEALTH_MIN_TERM
+  value: {{ . | quote }}
+{{- end }}
 {{- end }}
 {{- with $v.extraEnv }}
 {{ toYaml . }}

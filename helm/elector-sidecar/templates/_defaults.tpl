@@ -133,14 +133,36 @@ readinessProbe:
 preStopSleepSeconds: 5
 # ELECTOR_SHUTDOWN_LINGER: seconds /metrics stays up after the release at shutdown. 0: not passed.
 shutdownLingerSeconds: 0
-# A listener compatible with the retired Kubernetes contrib leader-elector sidecar: GET / answers
-# {"name": "<leader>"} (ELECTOR_COMPAT_HTTP_ADDRESS, <bindAddress>:<port>, container port "elector-compat"),
+# A listener compatible with the retired Kubernetes contrib leader-elector sidecar: it answers
+# {"name":"<leader>"}, any path or method (ELECTOR_COMPAT_HTTP_ADDRESS, <bindAddress>:<port>, container port "elector-compat"),
 # so an application that asks http://localhost:4040/ moves to elector by changing the sidecar only.
 leaderElectorCompat:
   # Open the listener. false: not passed (the daemon's default: off).
   enabled: false
   # Its port (leader-elector's conventional --http=localhost:4040).
   port: 4040
+  # ELECTOR_COMPAT_API: leader-elector (that image's answers: every path and method, {"name":"<leader>"}) or
+  # nais (nais/elector's: "last_update" in the body, /sse streaming leader changes).
+  api: leader-elector
+  # true (with enabled): the daemon's identity, hence the name the listener reports, is the pod's host name, as
+  # leader-elector's `--id=$(hostname)`: POD_NAME is not set. For apps that compare the name with their host
+  # name where it differs from the pod's name (spec.hostname, names over 63 characters).
+  identityFromHostname: false
+# Leadership follows the application: the sidecar checks the app's own health URL and contends only while it
+# answers 2xx; a leader whose app fails hands over at once (docs/helm.md, "Leadership follows the app").
+appHealth:
+  # ELECTOR_APP_HEALTH_URL as the sidecar reaches the app, e.g. http://127.0.0.1:8080/healthz (the path of the
+  # app's own probe). Empty: off.
+  url: ""
+  # ELECTOR_APP_HEALTH_INTERVAL. Empty: the daemon's default (1s).
+  interval: ""
+  # ELECTOR_APP_HEALTH_FAILURES: failed checks in a row that make the app unhealthy. 0: the daemon's default (3).
+  failures: 0
+  # ELECTOR_APP_HEALTH_TIMEOUT of one check. Empty: the daemon's default (half the interval, at most 1s).
+  timeout: ""
+  # ELECTOR_APP_HEALTH_MIN_TERM, the hysteresis: a leader hands over for its app only after leading this long.
+  # Empty: the daemon's default (the ttl).
+  minTerm: ""
 # More environment variables of the sidecar (list of EnvVar); ELECTOR_HTTP_ADDRESS is refused (set port and
 # bindAddress instead).
 extraEnv: []

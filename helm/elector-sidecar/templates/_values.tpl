@@ -110,6 +110,27 @@ library and the including chart read settings through it (port, redis.url, gateO
 {{- fail (printf "elector-sidecar: leaderElectorCompat.port and port are both %d; the two listeners need two ports" (int $v.port)) }}
 {{- end }}
 {{- end }}
+{{- if not (has (toString $compat.api) (list "leader-elector" "nais")) }}
+{{- fail "elector-sidecar: leaderElectorCompat.api must be leader-elector or nais" }}
+{{- end }}
+{{- if and $compat.identityFromHostname (not $compat.enabled) }}
+{{- fail "elector-sidecar: leaderElectorCompat.identityFromHostname needs leaderElectorCompat.enabled (the host name is the identity the listener reports)" }}
+{{- end }}
+{{- $app := $v.appHealth | default dict }}
+{{- with $app.url }}
+{{- if not (regexMatch "^https?://[^/?#@\\s]+(/[^\\s#]*)?$" (toString .)) }}
+{{- fail "elector-sidecar: appHealth.url must be an http:// or https:// URL such as http://127.0.0.1:8080/healthz" }}
+{{- end }}
+{{- end }}
+{{- range $key := list "interval" "timeout" "minTerm" }}
+{{- $value := toString (index $app $key | default "") }}
+{{- if and $value (not (regexMatch $duration $value)) }}
+{{- fail (printf "elector-sidecar: appHealth.%s must be empty or a duration such as 1s or 500ms" $key) }}
+{{- end }}
+{{- end }}
+{{- if or (lt (int ($app.failures | default 0)) 0) (gt (int ($app.failures | default 0)) 100) }}
+{{- fail "elector-sidecar: appHealth.failures must be 0 (the daemon's default) to 100" }}
+{{- end }}
 {{- if and (eq (toString $v.gateOnLeadership) "true") (eq (toString $v.gateOnRedis) "true") }}
 {{- fail "elector-sidecar: gateOnLeadership and gateOnRedis are both true; pick one readiness (gateOnLeadership: only the leader is ready; gateOnRedis: ready while Redis is reached)" }}
 {{- end }}
