@@ -141,6 +141,9 @@ class Settings:
     compat_http: HttpSettings | None = None
     #: --metrics-per-lock: auto, always or never (see `per_lock_metrics`).
     metrics_per_lock: str = "auto"
+    #: The name the previous release gave the (one) lock: it leads only while holding both
+    #: (daemon/predecessor.py). None: no rename under way.
+    predecessor_lock: str | None = None
 
     @property
     def per_lock_metrics(self) -> bool:
@@ -302,6 +305,7 @@ def build_settings(
     on_child_exit: str = "release",
     shutdown_linger: float = 0.0,
     metrics_per_lock: str = "auto",
+    predecessor_lock: str | None = None,
 ) -> Settings:
     """Assemble and check every setting; raises SettingsError naming the first bad one.
 
@@ -390,7 +394,29 @@ def build_settings(
         exec=exec_settings,
         metrics_per_lock=metrics_per_lock,
         compat_http=compat_http,
+        predecessor_lock=_predecessor_lock(predecessor_lock, locks=locks),
     )
+
+
+def _predecessor_lock(name: str | None, *, locks: Sequence[str]) -> str | None:
+    if name is None or not name.strip():
+        return None
+    try:
+        check_lock_name(name)
+    except InvalidValueError as exc:
+        raise SettingsError("predecessor_lock", str(exc)) from None
+    if len(locks) != 1:
+        # Which lock would it precede? Each renamed lock needs a daemon (or an exec mode) of its own.
+        raise SettingsError(
+            "predecessor_lock",
+            f"names the previous name of one lock, but {len(locks)} locks were given; run one daemon "
+            "per renamed lock",
+        )
+    if name == locks[0]:
+        raise SettingsError(
+            "predecessor_lock", f"{name!r} is --lock itself; name the lock the previous release used"
+        )
+    return name
 
 
 def _compat_http(address: str | None, *, http: HttpSettings, locks: int) -> HttpSettings | None:
