@@ -8,12 +8,16 @@ sampled every 10 ms of loop time, and no two may ever overlap.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from elector.daemon.predecessor import PredecessorLeaseBackend
+from elector.daemon.settings import Settings, SettingsError, build_settings
 from elector.election import Election, OutcomeKind, StepDownReason
 from elector.lease import Granted, Held, Lease
 from tests.election.fake_backend import FakeBackend, FakeStore, unreachable
@@ -257,3 +261,51 @@ async def test_an_unknown_lease_is_lost_and_not_released() -> None:
     )
     assert (await composite.renew(_lease(NEW))).holder is None  # type: ignore[union-attr]
     assert await composite.release(_lease(NEW)) is False
+
+
+# --- the setting ------------------------------------------------------------------------------
+
+
+def _settings(**overrides: object) -> Settings:
+    kwargs: dict[str, object] = {"lock": NEW, "identity": "pod-0", "redis_url": "redis://127.0.0.1:1/0"}
+    kwargs.update(overrides)
+    return build_settings(**kwargs)  # type: ignore[arg-type]
+
+
+def test_the_setting_names_one_other_lock() -> None:
+    assert _settings(predecessor_lock=OLD).predecessor_lock == OLD
+    assert _settings(predecessor_lock="").predecessor_lock is None  # an empty variable: no rename
+    assert _settings().predecessor_lock is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        ({"predecessor_lock": "{x}"}, "is not a valid lock name"),
+        ({"predecessor_lock": NEW}, "is --lock itself"),
+        ({"lock": [NEW, "other"], "predecessor_lock": OLD}, "but 2 locks were given"),
+    ],
+)
+def test_combinations_that_cannot_be_made_safe_are_refused(
+    overrides: dict[str, object], fragment: str
+) -> None:
+    with pytest.raises(SettingsError, match=r"^--predecessor-lock: ") as caught:
+        _settings(**overrides)
+    assert fragment in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [
+        (["--lock", NEW, "--lock", "other", "--predecessor-lock", OLD], {}),
+        (["--lock", NEW], {"ELECTOR_PREDECESSOR_LOCK": NEW}),
+    ],
+)
+def test_elector_run_exits_2_naming_the_setting(args: list[str], env: dict[str, str]) -> None:
+    argv = [sys.executable, "-m", "elector", "run", "--redis-url", "redis://127.0.0.1:1/0", *args]
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=60, env={**os.environ, **env}, check=False
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--predecessor-lock" in done.stderr
+    assert "Traceback" not in done.stderr

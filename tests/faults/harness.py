@@ -128,6 +128,7 @@ class Node:
         *,
         program: tuple[str, ...] | None = None,
         options: tuple[str, ...] = (),
+        lock: str = LOCK,
     ) -> None:
         self.slot = slot
         self.identity = f"n{slot}-{generation}"
@@ -150,7 +151,7 @@ class Node:
             redis_url=url,
             identity=self.identity,
             log_dir=cluster.logs,
-            lock=LOCK,
+            lock=lock,
             ttl=f"{round(cluster.ttl_s * 1000)}ms",
             extra_args=(*options, "--", *child),
             # Armed in every daemon of the suite: the `block_loop` fault stalls one for 2 ttl.
@@ -241,14 +242,19 @@ class Cluster:
         return max(1.5, self.ttl_s)
 
     def add_node(
-        self, *, wait: bool = True, program: tuple[str, ...] | None = None, options: tuple[str, ...] = ()
+        self,
+        *,
+        wait: bool = True,
+        program: tuple[str, ...] | None = None,
+        options: tuple[str, ...] = (),
+        lock: str = LOCK,
     ) -> Node:
         """Start one more replica; `program` replaces `python -m elector` (e.g. an older release's),
-        `options` go to `elector run` before the command."""
+        `options` go to `elector run` before the command, `lock` is its --lock."""
         self._generation += 1
         used = {node.slot for node in self.nodes}
         slot = next(i for i in range(1, len(self.nodes) + 2) if i not in used)
-        node = Node(self, slot, self._generation, program=program, options=options)
+        node = Node(self, slot, self._generation, program=program, options=options, lock=lock)
         node.daemon.start()
         self.nodes.append(node)
         if wait:
