@@ -81,8 +81,10 @@ class PredecessorLeaseBackend:
     async def acquire(self, identity: str, *, ttl_ms: int, priority: int = 0) -> AcquireResult:
         await self._release_leftovers()
         first = await self._lock.acquire(identity, ttl_ms=ttl_ms, priority=priority)
+        if isinstance(first, Held):
+            return await self._held_by_leader(first)
         if not isinstance(first, Granted):
-            return first  # its holder (a peer, or a replica of a later release) leads
+            return first
         try:
             second = await self._predecessor.acquire(identity, ttl_ms=ttl_ms, priority=priority)
         except BaseException:
@@ -105,6 +107,14 @@ class PredecessorLeaseBackend:
         )
         self._terms[lease] = _Term(lock=first.lease, predecessor=mine)
         return Granted(lease=lease, identity_clash=clash)
+
+    async def _held_by_leader(self, held: Held) -> Held:
+        """`held` (the new lock's answer) naming the predecessor's holder when there is one: the
+        leader's own token is the predecessor's, and followers show the leader as it shows itself."""
+        observed = await self._predecessor.observe()
+        if observed.holder is None:
+            return held  # a replica of a later release, without the predecessor, holds the new lock
+        return dataclasses.replace(held, holder=observed.holder)
 
     async def renew(self, lease: Lease, *, priority: int = 0) -> RenewResult:
         term = self._terms.get(lease)

@@ -162,6 +162,21 @@ async def test_two_new_replicas_exclude_each_other_and_take_over_at_once(fleet: 
     assert fleet.overlaps == []
 
 
+async def test_followers_show_the_leader_with_the_token_its_work_sees(fleet: Fleet) -> None:
+    fleet.new.counter = 10**6  # the new lock's tokens differ from the predecessor's
+    a = fleet.start("new-a", release="new")
+    await until(lambda: fleet.leaders() == ["new-a"], within_s=0.5)
+    b = fleet.start("new-b", release="new")
+    old = fleet.start("old-c", release="old")
+    await asyncio.sleep(2 * TTL_S)
+    token = a.election.status().fencing_token
+    assert token == 1
+    for follower in (b, old):
+        holder = follower.election.status().holder
+        assert holder is not None
+        assert (holder.identity, holder.fencing_token) == ("new-a", token)
+
+
 async def test_a_failed_attempt_gives_the_new_lock_back_without_waking_anyone(fleet: Fleet) -> None:
     """An old leader holds the predecessor: a new replica that got the new lock gives it back, and
     followers (who listen to the predecessor) are not woken by that: no storm of attempts."""
