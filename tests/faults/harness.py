@@ -410,3 +410,25 @@ class Cluster:
     def followers(self) -> list[Node]:
         found = self.leader()
         return [n for n in self.nodes if found is None or n is not found[0]]
+
+
+def wait_ready(node: Node, *, timeout_s: float = 20.0) -> None:
+    """/readyz 200: what a Deployment waits for before it terminates the next old pod."""
+    deadline = time.monotonic() + timeout_s
+    while node.daemon.get("/readyz")[0] != 200:
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"new pod {node.identity} not ready within {timeout_s}s:\n{node.daemon.logs_text()[-3000:]}"
+            )
+        time.sleep(0.05)
+
+
+def terminate(cluster: Cluster, node: Node, *, leader_child: int | None, takeover_timeout_s: float) -> None:
+    """A Deployment's termination of a replaced pod: SIGTERM (the daemon must exit 0), and, when the
+    pod led (`leader_child`: its child's pid), wait until another replica's child runs."""
+    node.daemon.signal(signal.SIGTERM)
+    code = node.daemon.wait(timeout_s=15)
+    assert code == 0, node.daemon.logs_text()[-3000:]
+    cluster.retire(node)
+    if leader_child is not None:
+        cluster.wait_for_leader(timeout_s=takeover_timeout_s, not_pid=leader_child)

@@ -13,7 +13,6 @@ Without the setting the same rollout runs two leaders: the second test shows the
 
 from __future__ import annotations
 
-import signal
 import time
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from tests.support.seed import seed_used_lock
 
 from .checker import Report, check
 from .conftest import SUMMARIES
-from .harness import Cluster, Node
+from .harness import Cluster, Node, terminate, wait_ready
 
 # A hang guard, not a budget: a run takes 20-40 s on 2 busy cores.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -68,23 +67,12 @@ class RenameFleet(Cluster):
         return [node for node in self.nodes if self.release_of[node.identity] == release]
 
 
-def _wait_ready(node: Node, *, timeout_s: float = 20.0) -> None:
-    """/readyz 200: what a Deployment waits for before it terminates the next old pod."""
-    deadline = time.monotonic() + timeout_s
-    while node.daemon.get("/readyz")[0] != 200:
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"{node.identity} not ready in {timeout_s}s:\n{node.daemon.logs_text()[-3000:]}"
-            )
-        time.sleep(0.05)
-
-
 def roll(cluster: RenameFleet, *, to: str) -> None:
     """Replace every pod of the other release by one of `to`, as a Deployment does it."""
     going = NEW if to == OLD else OLD
     while cluster.live(going):
         node = cluster.add_node(release=to)
-        _wait_ready(node)
+        wait_ready(node)
         time.sleep(0.5 * TTL_S)  # the new pod contends for a while beside the old leader
         leader, child = cluster.wait_for_leader(timeout_s=TAKEOVER_TIMEOUT_S)
         candidates = cluster.live(going)
@@ -94,12 +82,9 @@ def roll(cluster: RenameFleet, *, to: str) -> None:
             "fault", fault="rollout", t=time.monotonic(), target=victim.identity,
             target_pid=child if leading else None, excuse_s=0.0, takeover=leading,
         )  # fmt: skip
-        victim.daemon.signal(signal.SIGTERM)
-        code = victim.daemon.wait(timeout_s=15)
-        assert code == 0, victim.daemon.logs_text()[-3000:]
-        cluster.retire(victim)
-        if leading:
-            cluster.wait_for_leader(timeout_s=TAKEOVER_TIMEOUT_S, not_pid=child)
+        terminate(
+            cluster, victim, leader_child=child if leading else None, takeover_timeout_s=TAKEOVER_TIMEOUT_S
+        )
         time.sleep(0.3 * TTL_S)
 
 
