@@ -111,7 +111,10 @@ class PredecessorLeaseBackend:
     async def _held_by_leader(self, held: Held) -> Held:
         """`held` (the new lock's answer) naming the predecessor's holder when there is one: the
         leader's own token is the predecessor's, and followers show the leader as it shows itself."""
-        observed = await self._predecessor.observe()
+        try:
+            observed = await self._predecessor.observe()
+        except LeaseBackendError:
+            return held  # only a name shown: the new lock's answer stands
         if observed.holder is None:
             return held  # a replica of a later release, without the predecessor, holds the new lock
         return dataclasses.replace(held, holder=observed.holder)

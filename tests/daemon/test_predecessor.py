@@ -260,6 +260,17 @@ async def test_an_acquire_cut_short_gives_the_new_lock_back_at_the_next_attempt(
     assert granted.lease.lock == NEW
 
 
+async def test_a_held_new_lock_is_reported_even_when_the_predecessor_cannot_be_read() -> None:
+    old, new = FakeStore(), FakeStore()
+    predecessor = FakeBackend(old, lock=OLD)
+    composite = PredecessorLeaseBackend(FakeBackend(new, lock=NEW), predecessor=predecessor)
+    new.overwrite("later-0", ttl_s=3.0)  # a replica of a later release, without the predecessor
+    predecessor.fail_with = unreachable()
+    result = await composite.acquire("a", ttl_ms=3000)
+    assert isinstance(result, Held)
+    assert result.holder is not None and result.holder.identity == "later-0"
+
+
 def test_a_lock_cannot_be_its_own_predecessor() -> None:
     store = FakeStore()
     with pytest.raises(ValueError, match="another lock"):
