@@ -277,6 +277,7 @@ class Daemon:
             if settings.compat_http is None
             else f"{settings.compat_http.host}:{self.http.bound_port('compat')}",
             locks=len(settings.locks),
+            predecessor_lock=settings.predecessor_lock,
             ttl_ms=settings.timing.ttl_ms,
             renew_interval_ms=round(settings.timing.renew_interval_s * 1000),
             renew_deadline_ms=round(settings.timing.renew_deadline_s * 1000),

@@ -92,6 +92,7 @@ def test_every_env_var_exists_in_run_help(render: Render, run_help: str) -> None
         "ELECTOR_MIN_REPLICAS_ACK",
         "ELECTOR_REPLICAS_ACK_TIMEOUT",
         "ELECTOR_COMPAT_HTTP_ADDRESS",
+        "ELECTOR_PREDECESSOR_LOCK",
     }
     assert elector_vars <= known, elector_vars - known
     # the only other variable is the identity, which the daemon reads from $POD_NAME
