@@ -245,4 +245,3 @@ class TreeStopper:
         by_pid = {proc.pid: proc for proc in procs}
         related = closure([proc.pid for proc in tree], ((p.pid, p.ppid, p.pgid, p.sid) for p in procs))
         return [by_pid[pid] for pid in related]
-
