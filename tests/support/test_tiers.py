@@ -46,9 +46,9 @@ def plain():
 
 
 def run_pytest(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """pytest on `directory`, as the project runs it, with `tests.support` importable."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q", *args]
+    """pytest on `directory`, with `tests.support` importable (and no plugin it does not need)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args]
     return subprocess.run(
         command, cwd=directory, env=env, capture_output=True, text=True, timeout=120, check=False
     )
