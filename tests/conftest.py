@@ -20,7 +20,7 @@ A module that needs a variant overrides the fixture by name, building on this on
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,26 +91,27 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         pytest.exit(f"Cannot run the tests: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
 
 
+def _found(find: Callable[[], str], missing: type[Exception]) -> str:
+    """What `find()` found; else the test fails with its message, which says how to get it."""
+    try:
+        return find()
+    except missing as exc:
+        problem = str(exc)
+    pytest.fail(problem, pytrace=False)
+
+
 @pytest.fixture(scope="session")
 @needs(REDIS)
 def redis_binary() -> str:
     """The redis-server a test starts itself (`RedisServerProcess(binary=redis_binary)`)."""
-    try:
-        return find_redis_server()
-    except RedisServerNotFound as exc:
-        problem = str(exc)
-    pytest.fail(problem, pytrace=False)
+    return _found(find_redis_server, RedisServerNotFound)
 
 
 @pytest.fixture(scope="session")
 @needs(REDIS)
 def tls_redis_binary() -> str:
     """A redis-server built with TLS, for a test that starts its own (`TlsRedis(binary=...)`)."""
-    try:
-        return find_tls_redis_server()
-    except NoTlsRedisServer as exc:
-        problem = str(exc)
-    pytest.fail(problem, pytrace=False)
+    return _found(find_tls_redis_server, NoTlsRedisServer)
 
 
 @pytest.fixture
