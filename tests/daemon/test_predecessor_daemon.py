@@ -18,8 +18,6 @@ from elector.backend.lua.lease import LockKeys
 from tests.support.daemon import DaemonProcess, DaemonStarter, wait_until
 from tests.support.seed import seed_used_lock
 
-pytestmark = pytest.mark.integration
-
 OLD, NEW = "jobs-elector", "apps/jobs-elector"
 #: Far above any token from the server's clock (~1.7e12): the new lock's own tokens stand out.
 NEW_COUNTER = 10**14

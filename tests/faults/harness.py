@@ -186,6 +186,7 @@ class Cluster:
         size: int = 3,
         sentinel: SentinelSet | None = None,
         options_of: Callable[[int], tuple[str, ...]] = lambda slot: (),
+        redis_binary: str | None = None,
     ) -> None:
         """`options_of(slot)`: `elector run` options of every node in that slot (1..size)."""
         self.directory = directory
@@ -196,8 +197,8 @@ class Cluster:
         self.size = size
         self.sentinel = sentinel  # started by the caller; then there is no lock_redis of our own
         self.journal = Journal(directory / HARNESS_JOURNAL)
-        self.lock_redis = RedisServerProcess()
-        self.resource = RedisServerProcess()
+        self.lock_redis = RedisServerProcess(binary=redis_binary)
+        self.resource = RedisServerProcess(binary=redis_binary)
         self.proxies = ProxyLoop()
         self.nodes: list[Node] = []
         self.retired: list[Node] = []

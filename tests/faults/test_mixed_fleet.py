@@ -49,7 +49,7 @@ from .conftest import SUMMARIES
 from .harness import LOCK, Cluster, Node, terminate, wait_ready
 
 # A hang guard, not a budget: a run takes 25-60 s on 2 busy cores (build, faults, rollout, stop).
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = pytest.mark.timeout(240)
 
 TTL_S = 2.0
 OLD, NEW = "old", "new"

@@ -27,7 +27,7 @@ from .conftest import SUMMARIES
 from .harness import Cluster, Node, terminate, wait_ready
 
 # A hang guard, not a budget: a run takes 20-40 s on 2 busy cores.
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = pytest.mark.timeout(240)
 
 TTL_S = 2.0
 OLD, NEW = "old", "new"
