@@ -11,7 +11,6 @@ import signal
 from pathlib import Path
 from typing import Any
 
-import pytest
 import redis
 
 from elector.backend.lua.lease import LockKeys
