@@ -110,6 +110,14 @@ imagePullSecrets:
 {{- end }}
 {{- end }}
 
+{{/*
+The operator replicas' own lock: lock, else "elector-operator/<release namespace>/<release name>". One
+release's replicas share it; another release (another team's operator, for other namespaces) has its own.
+*/}}
+{{- define "elector-operator.lock" -}}
+{{- .Values.lock | default (printf "elector-operator/%s/%s" .Release.Namespace .Release.Name) }}
+{{- end }}
+
 {{/* The namespaces it watches, comma-separated: namespaces, else the release's. */}}
 {{- define "elector-operator.namespaces" -}}
 {{- if .Values.namespaces }}{{ join "," .Values.namespaces }}{{ else }}{{ .Release.Namespace }}{{ end }}
