@@ -22,6 +22,7 @@ from tests.helm.operator_support import (
     NAMESPACE,
     OPERATOR_CHART_DIR,
     Doc,
+    cel_violations,
     is_hook,
     notes,
     of_kind,
@@ -516,8 +517,11 @@ SPECS_BOTH_REFUSE = [
 
 def _crd_accepts(crd: Doc, spec: Doc) -> bool:
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    # OpenAPI v3.0 (exclusiveMinimum as a boolean) is JSON Schema draft 4 in this respect.
-    return bool(jsonschema.Draft4Validator(schema).is_valid({"spec": spec}))
+    # OpenAPI v3.0 (exclusiveMinimum as a boolean) is JSON Schema draft 4 in this respect; then the CEL
+    # rules (x-kubernetes-validations), as the API server runs both.
+    return bool(jsonschema.Draft4Validator(schema).is_valid({"spec": spec})) and not cel_violations(
+        crd, {"spec": spec}
+    )
 
 
 def _operator_accepts(spec: Doc) -> bool:
