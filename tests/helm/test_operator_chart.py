@@ -41,7 +41,7 @@ LEADER_ELECTIONS = {
     "verbs": ["list", "watch", "patch"],
 }
 STATUS = {"apiGroups": ["elector.io"], "resources": ["leaderelections/status"], "verbs": ["patch"]}
-PODS = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch"]}
+PODS = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "patch"]}
 SECRETS = {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}
 EVENTS = {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
 LEASES = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}

@@ -134,7 +134,7 @@ async def start_operator(
             ttl_s=30.0,
             namespaces=(NAMESPACE,),
             http=HttpSettings(host="127.0.0.1", port=0),
-            watch=WatchSettings(poll_s=0.2, pod_resync_s=0.5, redis_timeout_s=0.5, max_backoff_s=0.5),
+            watch=WatchSettings(poll_s=0.2, redis_timeout_s=0.5, max_backoff_s=0.5),
         )
         seeded_redis(redis_server, settings.lock)
         registry = CollectorRegistry()

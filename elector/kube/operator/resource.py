@@ -232,23 +232,6 @@ def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> 
     return True
 
 
-def selector_query(selector: Mapping[str, Any]) -> str:
-    """The `labelSelector` query string for a LabelSelector (the server filters; we check again)."""
-    parts = [f"{key}={value}" for key, value in (selector.get("matchLabels") or {}).items()]
-    for expr in selector.get("matchExpressions") or []:
-        values = ",".join(sorted(expr.get("values") or []))
-        match expr["operator"]:
-            case "In":
-                parts.append(f"{expr['key']} in ({values})")
-            case "NotIn":
-                parts.append(f"{expr['key']} notin ({values})")
-            case "Exists":
-                parts.append(expr["key"])
-            case _:
-                parts.append(f"!{expr['key']}")
-    return ",".join(parts)
-
-
 def now_rfc3339() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -1,0 +1,230 @@
+"""operator_api_calls: Kubernetes API requests per minute of `elector operator` for 200 LeaderElections.
+
+The operator runs in this process (`run_operator`, kopf in its own thread, as in production) against
+the kmock API emulator, with its own lease and the 200 locks on a private redis-server. Each
+LeaderElection has two candidate pods; each lock is held by one of them for the whole run (no
+transitions). After the warm-up (every holder's pod labelled "true", every status written), every
+request kmock receives in the window is counted by method and resource; watch requests are long
+streams, counted once each. The operator's production settings (poll 1 s) are used.
+
+Runs on its own, too, against whichever `elector` is importable: the "before" figure in the notes
+came from the commit before the shared pod watch (its `elector` on PYTHONPATH):
+`PYTHONPATH=<old checkout> python bench/kube_operator/api_calls.py --elections 200 --seconds 60`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+NAME = "operator_api_calls"
+ELECTIONS = 200
+WINDOW_S = 60.0
+QUICK_WINDOW_S = 20.0
+NAMESPACE = "apps"
+LE_RESOURCE = "elector.io/v1alpha1/leaderelections"
+LEASES = "coordination.k8s.io/v1/leases"
+#: After the operator settled: time for the Events of the first terms to be posted.
+SETTLE_S = 5.0
+CRD = Path(__file__).resolve().parents[2] / "helm" / "elector-operator" / "files" / "leaderelection-crd.yaml"
+#: Figures of the commit before the shared pod watch (9159d15), measured with this module on its own.
+BEFORE_NOTE = (
+    "Before the shared pod watch (commit 9159d15, `PYTHONPATH=<that checkout> python "
+    "bench/kube_operator/api_calls.py --elections 200 --seconds 60`, same machine, shared with 7 other "
+    "sessions' work): see the table row 'before'."
+)
+
+
+def _meta(name: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "namespace": NAMESPACE, "uid": str(uuid.uuid4()), "resourceVersion": "1", **extra}
+
+
+async def measure(*, elections: int, window_s: float, redis_url: str, seed: Any) -> dict[str, Any]:
+    """Run the operator for `elections` LeaderElections; requests in the window by (method, resource)."""
+    import kmock
+    import kopf
+    import yaml
+    from prometheus_client import CollectorRegistry
+
+    from elector.backend import RedisLeaseBackend, RedisSettings, make_client
+    from elector.daemon.http import HttpSettings
+    from elector.kube.operator.runner import OperatorSettings, run_operator
+
+    # Leases with the API server's PUT and resourceVersion checks (kmock has neither), Events named.
+    from tests.kube.lease_support import LeaseEmulator as emulator_cls
+
+    async with emulator_cls() as emulator, kmock.Server(emulator) as server:
+        emulator.resources.load_bundled()
+        crd = yaml.safe_load(CRD.read_text())
+        version = next(v for v in crd["spec"]["versions"] if v["served"])
+        emulator.resources[LE_RESOURCE] = kmock.ResourceInfo(
+            kind="LeaderElection",
+            singular="leaderelection",
+            namespaced=True,
+            subresources=set(version.get("subresources") or {}),
+            verbs={"get", "list", "watch", "patch", "create", "delete"},
+        )
+        client = make_client(RedisSettings(url=redis_url, request_timeout_s=5.0))
+        try:
+            for i in range(elections):
+                lock = f"job-{i}"
+                for replica in ("a", "b"):
+                    emulator.objects["v1/pods", NAMESPACE, f"{lock}-{replica}"] = {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "metadata": _meta(f"{lock}-{replica}", labels={"app": lock}),
+                        "spec": {"containers": [{"name": "main", "image": "example/worker:1"}]},
+                    }
+                emulator.objects[LE_RESOURCE, NAMESPACE, lock] = {
+                    "apiVersion": "elector.io/v1alpha1",
+                    "kind": "LeaderElection",
+                    "metadata": _meta(lock),
+                    "spec": {
+                        "lock": lock,
+                        "redis": {"url": redis_url},
+                        "selector": {"matchLabels": {"app": lock}},
+                    },
+                }
+                seed(lock)
+                await RedisLeaseBackend(client, lock=lock).acquire(f"{lock}-a", ttl_ms=3_600_000)
+            url = str(server.url).rstrip("/")
+
+            async def login(_: kopf.OperatorSettings) -> kopf.ConnectionInfo:
+                return kopf.ConnectionInfo(server=url, insecure=True, default_namespace=NAMESPACE)
+
+            settings = OperatorSettings(
+                redis=RedisSettings(url=redis_url),
+                identity="operator-0",
+                ttl_s=30.0,
+                namespaces=(NAMESPACE,),
+                http=HttpSettings(host="127.0.0.1", port=0),
+            )
+            seed(settings.lock)
+            stop = asyncio.Event()
+            started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            task = asyncio.create_task(
+                run_operator(
+                    settings,
+                    registry=CollectorRegistry(),
+                    login=login,
+                    stop_flag=stop,
+                    on_http_started=started,
+                )
+            )
+            warmup_started = time.monotonic()
+            try:
+                await asyncio.wait_for(asyncio.shield(started), timeout=60)
+                await _settled(emulator, elections, timeout_s=600)
+                await asyncio.sleep(SETTLE_S)  # kopf posts the first terms' Events from a queue
+                warmup_s = time.monotonic() - warmup_started
+                first = len(list(emulator))
+                await asyncio.sleep(window_s)
+                requests = list(emulator)[first:]
+            finally:
+                stop.set()
+                await asyncio.wait_for(task, timeout=120)
+                await asyncio.sleep(0.1)
+        finally:
+            await client.aclose()
+    counts: collections.Counter[str] = collections.Counter()
+    for request in requests:
+        plural = request.resource.plural if request.resource is not None else str(request.url.path)
+        watch = str(request.params.get("watch", "")).lower() in ("true", "1")
+        verb = str(getattr(request.method, "value", request.method)).upper()
+        method = "WATCH" if watch else ("LIST" if verb == "GET" and request.name is None else verb)
+        counts[f"{method} {plural}"] += 1
+    per_minute = {key: value * 60.0 / window_s for key, value in sorted(counts.items())}
+    return {
+        "elections": elections,
+        "window_s": window_s,
+        "warmup_s": round(warmup_s, 1),
+        "per_minute": per_minute,
+        "total_per_minute": sum(per_minute.values()),
+    }
+
+
+async def _settled(emulator: Any, elections: int, *, timeout_s: float) -> None:
+    """Every holder's pod labelled "true", every LeaderElection's status and Lease naming its holder."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done = 0
+        for i in range(elections):
+            try:
+                pod = emulator.objects["v1/pods", NAMESPACE, f"job-{i}-a"].raw
+                status = emulator.objects[LE_RESOURCE, NAMESPACE, f"job-{i}"].raw.get("status") or {}
+                lease = emulator.objects[LEASES, NAMESPACE, f"job-{i}"].raw.get("spec") or {}
+            except KeyError:
+                continue
+            labels = (pod.get("metadata") or {}).get("labels") or {}
+            holder = f"job-{i}-a"
+            if (
+                labels.get("elector.io/leader") == "true"
+                and status.get("holder") == holder
+                and lease.get("holderIdentity") == holder
+            ):
+                done += 1
+        if done == elections:
+            return
+        await asyncio.sleep(0.5)
+    raise RuntimeError(f"the operator did not settle within {timeout_s} s")
+
+
+def run(ctx: Any) -> Any:
+    """The `python -m bench` entry: one run, its requests per minute as a table."""
+    from bench.harness.common import BenchResult, RedisLab, Table, Target
+
+    window_s = QUICK_WINDOW_S if ctx.quick else WINDOW_S
+    with RedisLab() as lab:
+        figures = asyncio.run(
+            measure(elections=ELECTIONS, window_s=window_s, redis_url=lab.url, seed=lab.seed)
+        )
+    result = BenchResult(
+        NAME, "Operator: Kubernetes API requests per minute, 200 LeaderElections", __doc__ or ""
+    )
+    table = Table(
+        f"Requests per minute in a {window_s:g} s window after a {figures['warmup_s']} s warm-up",
+        ["request", "per minute"],
+    )
+    for key, value in figures["per_minute"].items():
+        table.add(key, f"{value:.0f}")
+    table.add("total", f"{figures['total_per_minute']:.0f}")
+    result.tables.append(table)
+    lists = figures["per_minute"].get("LIST pods", 0.0)
+    result.targets.append(
+        Target(
+            "pod LISTs per minute, 200 LeaderElections",
+            "independent of the number of LeaderElections (one shared watch)",
+            f"{lists:.0f}",
+            lists < 10,
+        )
+    )
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--elections", type=int, default=ELECTIONS)
+    parser.add_argument("--seconds", type=float, default=WINDOW_S)
+    args = parser.parse_args()
+    from bench.harness.common import RedisLab
+
+    with RedisLab() as lab:
+        figures = asyncio.run(
+            measure(elections=args.elections, window_s=args.seconds, redis_url=lab.url, seed=lab.seed)
+        )
+    print(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.append(str(Path(__file__).resolve().parents[2]))  # after PYTHONPATH: an older elector wins
+    sys.exit(main())
