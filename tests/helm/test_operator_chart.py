@@ -134,6 +134,7 @@ def test_namespaced_operator_renders_minimal_objects() -> None:
     kinds = sorted(doc["kind"] for doc in docs)
     assert kinds == [
         "Deployment",
+        "NetworkPolicy",
         "PodDisruptionBudget",
         "Role",
         "Role",
@@ -201,6 +202,7 @@ def test_cluster_wide_operator_uses_one_cluster_role_and_reads_no_secret_by_defa
         "ClusterRole",
         "ClusterRoleBinding",
         "Deployment",
+        "NetworkPolicy",
         "PodDisruptionBudget",
         "Service",
         "ServiceAccount",

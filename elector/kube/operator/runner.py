@@ -113,6 +113,9 @@ async def run_operator(
                     namespaces=settings.namespaces,
                     clusterwide=settings.clusterwide,
                     stop_flag=stop_flag,
+                    # ElectorOperatorDown: no replica leads, so labels and status stand still.
+                    on_leading=lambda _: metrics.leading(True),
+                    on_stopped=lambda _: metrics.leading(False),
                 )
             finally:
                 await server.stop()

@@ -102,6 +102,8 @@ class ElectionWatcher:
         self._written: dict[str, Any] | None = None
         #: The spec problem last reported (an Event each time it changes, not every retry).
         self._invalid_reported: str | None = None
+        #: The Lease clash last reported (an Event each time it changes).
+        self._clash_reported: str | None = None
         #: (selector, label) of the pods whose leader label this watcher put; older ones, whose
         #: labels must go after a spec change, are in `_stale_labels`.
         self._label_scope: tuple[Mapping[str, Any], str] | None = None
@@ -255,6 +257,9 @@ class ElectionWatcher:
             )
         self._export_holder(spec.lock, holder)
         holder_pod = holder.identity if holder is not None and holder.identity in pods_by_name else None
+        if self._mirror is not None:
+            await self._mirror.observe(holder, remaining_ms=observation.remaining_ms)
+            self._report_lease_clash()
         status = reconcile.build_status(
             previous=self._status,
             lock=spec.lock,
@@ -264,11 +269,24 @@ class ElectionWatcher:
             last_transition_time=self._last_transition_time,
             candidates=candidates,
             redis_error=None,
+            **self._lease_condition(),
         )
         await self._write_status(status)
-        if self._mirror is not None:
-            await self._mirror.observe(holder, remaining_ms=observation.remaining_ms)
         return labelled
+
+    def _lease_condition(self) -> dict[str, Any]:
+        """build_status's view of the Lease mirror: none, ours, or someone else's Lease."""
+        if self._mirror is None:
+            return {}
+        return {"lease_mirror": True, "lease_clash": self._mirror.clash}
+
+    def _report_lease_clash(self) -> None:
+        """A Warning Event when the mirror finds another's Lease: once per distinct clash."""
+        clash = self._mirror.clash if self._mirror is not None else None
+        if clash is not None and clash != self._clash_reported:
+            self._log.warning("%s", clash)
+            self._post(self._body, type="Warning", reason="LeaseNotOwned", message=clash)
+        self._clash_reported = clash
 
     def _make_mirror(self, spec: resource.LeaderElectionSpec) -> LeaseMirror | None:
         if not spec.kubernetes_lease:
@@ -364,6 +382,7 @@ class ElectionWatcher:
             last_transition_time=self._last_transition_time,
             candidates=None,
             redis_error=message,
+            **self._lease_condition(),
         )
         await self._write_status(status)
 
