@@ -21,6 +21,7 @@ import asyncio
 import collections
 import datetime
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -41,11 +42,15 @@ SETTLE_S = 5.0
 #: figures say how many were), so that an operator that cannot keep up is measured too.
 MAX_WARMUP_S = 180.0
 CRD = Path(__file__).resolve().parents[2] / "helm" / "elector-operator" / "files" / "leaderelection-crd.yaml"
-#: Figures of the commit before the shared pod watch (9159d15), measured with this module on its own.
+#: Figures of the commit before the shared pod watch (9159d15), measured with this module on its own
+#: (`PYTHONPATH=<that checkout> python bench/kube_operator/api_calls.py --elections N --seconds 60`).
 BEFORE_NOTE = (
-    "Before the shared pod watch (commit 9159d15, `PYTHONPATH=<that checkout> python "
-    "bench/kube_operator/api_calls.py --elections 200 --seconds 60`, same machine, shared with 7 other "
-    "sessions' work): see the table row 'before'."
+    "Before the shared pod watch (commit 9159d15, this module run on its own with that checkout on "
+    "PYTHONPATH, 2026-11-28, on a machine shared with seven other sessions): 20 LeaderElections, 220 "
+    "pod LISTs a minute (all settled; 12 a minute each, as the 5 s period says); 200 LeaderElections, "
+    "57 pod LISTs and 202 Lease GETs a minute with only 146 of 200 settled: kmock, one Python loop, "
+    "could not answer 40 LISTs a second, and the operator's 10 s request timeouts and back-off set the "
+    "pace. After: 0 pod LISTs at either size (one watch)."
 )
 
 
@@ -242,6 +247,7 @@ def run(ctx: Any) -> Any:
         table.add(key, f"{value:.0f}")
     table.add("total", f"{figures['total_per_minute']:.0f}")
     result.tables.append(table)
+    result.notes.append(BEFORE_NOTE)
     lists = figures["per_minute"].get("LIST pods", 0.0)
     result.targets.append(
         Target(
@@ -261,12 +267,17 @@ def main() -> int:
     parser.add_argument("--elections", type=int, default=ELECTIONS)
     parser.add_argument("--seconds", type=float, default=WINDOW_S)
     args = parser.parse_args()
-    from bench.harness.common import RedisLab
+    from bench.harness.common import RedisLab, stop_all
 
-    with RedisLab() as lab:
-        figures = asyncio.run(
-            measure(elections=args.elections, window_s=args.seconds, redis_url=lab.url, seed=lab.seed)
-        )
+    # SIGTERM (a `timeout`, a kill): stop the operator child too, as `python -m bench` does.
+    signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
+    try:
+        with RedisLab() as lab:
+            figures = asyncio.run(
+                measure(elections=args.elections, window_s=args.seconds, redis_url=lab.url, seed=lab.seed)
+            )
+    finally:
+        stop_all()
     print(json.dumps(figures, indent=2))
     return 0
 

@@ -40,6 +40,7 @@ def test_each_benchmark_lives_in_the_subpackage_of_what_it_measures() -> None:
         "many_locks": "bench/many_locks/benchmark.py",
         "peers": "bench/peers/benchmark.py",
         "library_peers": "bench/library_peers/benchmark.py",
+        "operator_api_calls": "bench/kube_operator/api_calls.py",
     }
 
 
