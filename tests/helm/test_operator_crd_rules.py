@@ -140,3 +140,16 @@ def test_the_messages_never_repeat_the_url(crd: Doc) -> None:
     """`kubectl apply` prints the messages: a password that was refused must not be shown back."""
     for text in violations(crd, INVALID["user-and-password"][0]):
         assert "s3cret" not in text
+
+
+def test_the_elector_charts_leader_election_passes_every_rule(crd: Doc, render: Any) -> None:
+    """The LeaderElection the elector chart renders for its workload (helm/elector, leaderElection)."""
+    for values in (
+        {},
+        {"elector": {"redis": {"url": "redis://redis.data:6379/0", "existingSecret": "redis-auth"}}},
+    ):
+        (election,) = [
+            d for d in render(values, api_versions=[resource.API_VERSION]) if d["kind"] == resource.KIND
+        ]
+        assert cel_violations(crd, election) == []
+        resource.parse_spec(election["spec"])
