@@ -1,6 +1,6 @@
 """A kernel timer that SIGKILLs this process at a deadline: a hard stop that needs no Python code.
 
-Private (the sync API's `on_overrun="exit"` uses it, see sync_overrun.py). A Python thread cannot
+Private (the sync API's `on_overrun="exit"` uses it, see _sync_overrun.py). A Python thread cannot
 be relied on to end the process in time: a C call that holds the GIL (a regex that backtracks,
 a C extension's long loop) keeps every other thread of the process from running, and with them
 any watchdog thread and the `signal` module's handlers (SIGALRM from `setitimer` included). A

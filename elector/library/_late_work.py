@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from elector.api_term import TermBody
 from elector.election import Election
+from elector.library.term import TermBody
 
 logger = logging.getLogger("elector.api")
 
