@@ -79,8 +79,7 @@ from elector.lease import (
 )
 from elector.library._callbacks import CallbackRunner
 from elector.library._connections import connect_lease
-from elector.library._late_work import LateWork
-from elector.library._logs import ElectionLog, waiting_for_own_work_gauge
+from elector.library._late_work import LateWork, waiting_for_own_work_gauge
 from elector.library._params import (
     ElectorConfigError,
     build_timing,
@@ -101,7 +100,8 @@ from elector.library.errors import (
     refuse_pickling,
 )
 from elector.library.term import Leadership, LeadershipScope, TermBody
-from elector.metrics import ElectionMetrics, MetricFamilies
+from elector.telemetry.metrics import ElectionMetrics, MetricFamilies
+from elector.telemetry.outcome_log import ElectionLog
 
 __all__ = [
     "Elector",

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from elector.election import CycleOutcome, OutcomeKind, State
-from elector.library._logs import ElectionLog
+from elector.telemetry.outcome_log import ElectionLog
 
 
 def _failure(kind: str, *, at: float) -> CycleOutcome:
