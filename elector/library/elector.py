@@ -36,7 +36,7 @@ Callbacks, plain or async, run one at a time in order in their own task: a slow 
 a renewal, and one that raises is logged.
 
 `leadership(timeout=...)` and `wait_for_leadership(timeout=...)` bound the wait to lead
-(`LeadershipTimeout`), never the body. Logs go to the `elector.api` logger (see _logs.py);
+(`LeadershipTimeout`), never the body. Logs go to the `elector.api` logger (see telemetry/outcome_log.py);
 `elector.run(main())` makes SIGTERM release the lease; `elector.sync` is the same election for
 sync programs, run on a thread of its own.
 
