@@ -15,8 +15,8 @@ user code, whatever holds the GIL, and even while it is stopped (SIGSTOP).
 * POSIX timers are not inherited across fork() and are deleted by execve(): a child of the owning
   process has no timer aimed at it, and a `KillTimer` copied into a child does nothing there
   (timer ids are per process: the child's own timer may have the very same id).
-* Re-arming is one `timer_settime` call through ctypes: about a microsecond (docs/benchmarks.md,
-  overrun_kill). ctypes is imported only when a timer is created.
+* Re-arming is one `timer_settime` call through ctypes, cheap enough for every renewal (its cost:
+  docs/benchmarks.md, overrun_kill). ctypes is imported only when a timer is created.
 
 Linux only (glibc or musl). Elsewhere `KillTimer.create` raises `KillTimerUnavailable`.
 """

@@ -315,7 +315,7 @@ class Elector:
             raise RuntimeError(f"the Elector of lock {self.lock!r} is not started")
         return self._election.status()
 
-    # `timeout=`, not asyncio.timeout(): that one would also cancel the body (issue 24, item 2).
+    # `timeout=`, not asyncio.timeout(): that one would also cancel the body.
     async def wait_for_leadership(self, *, timeout: float | None = None) -> Leadership:  # noqa: ASYNC109
         """Wait until this process leads, and return the term (nothing is cancelled when it ends).
 
