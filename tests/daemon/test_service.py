@@ -291,8 +291,8 @@ def test_the_http_port_in_use_is_a_clear_fatal_error(daemon, seeded, tmp_path: P
         clash.stop()
 
 
-def test_password_never_appears_in_logs_or_http(tmp_path: Path) -> None:
-    with RedisServerProcess() as server:
+def test_password_never_appears_in_logs_or_http(tmp_path: Path, redis_binary: str) -> None:
+    with RedisServerProcess(binary=redis_binary) as server:
         redis.Redis(port=server.port).config_set("requirepass", "hunter2-secret")
         password_file = tmp_path / "pw"
         password_file.write_text("hunter2-secret\n")

@@ -21,12 +21,14 @@ from elector.library.fencing import (
 )
 from elector.testing.redis_server import RedisServerProcess, free_tcp_port
 from tests.support.expiry import assert_expiry_set, started_s
+from tests.support.tiers import REDIS, needs
 
 # Real tokens are Redis server time in ms: big numbers, where float rounding would show.
 T = 1_795_296_567_927
 
 
 @pytest.fixture(scope="module")
+@needs(REDIS)
 def module_redis() -> Iterator[RedisServerProcess]:
     with RedisServerProcess() as server:
         yield server
