@@ -22,7 +22,7 @@ from elector.backend import RedisLeaseBackend
 from elector.backend.topologies.factory import LeaseConnections
 from elector.daemon.http_thread import PublishedStatus
 from elector.daemon.leader_file import LEADER_FILE_WAIT_S, LeaderFileWriter
-from elector.daemon.logs import OutcomeLogger, make_logger
+from elector.daemon.logs import make_logger
 from elector.daemon.predecessor import PredecessorLeaseBackend
 from elector.daemon.settings import Settings
 from elector.election import CycleOutcome, Election, ElectionHooks, ElectionStatus, State, StepDownReason
@@ -31,7 +31,8 @@ from elector.election.clock import boottime
 from elector.election.rounds import RenewalRounds
 from elector.election.timers import SharedTimers, StartGate
 from elector.lease import Holder, Lease, LeaseBackend
-from elector.metrics import ElectionMetrics, MetricFamilies
+from elector.telemetry.metrics import ElectionMetrics, MetricFamilies
+from elector.telemetry.outcome_log import OutcomeLogger
 
 #: Past a term's validity end, how long a step-down still waits for a leader file it could not
 #: update, seconds: the file's valid_until_ms was rounded down, this covers the wall clock being

@@ -46,7 +46,7 @@ from elector.election.clock import boottime
 from elector.election.rounds import RenewalRounds
 from elector.election.timers import SharedTimers
 from elector.lease import LeaseBackendError
-from elector.metrics import MetricFamilies, register_process_metrics
+from elector.telemetry.metrics import MetricFamilies, register_process_metrics
 
 EXIT_OK = 0
 EXIT_FATAL = 1

@@ -40,7 +40,7 @@ from elector.lease import (
     check_ttl,
     default_identity,
 )
-from elector.metrics import METRICS_PER_LOCK_CHOICES, per_lock_metrics
+from elector.telemetry.metrics import METRICS_PER_LOCK_CHOICES, per_lock_metrics
 
 #: Longest --shutdown-linger: longer than any sane scrape interval, short of a stuck rollout.
 MAX_SHUTDOWN_LINGER_S = 300.0
@@ -158,7 +158,7 @@ class Settings:
 
     @property
     def per_lock_metrics(self) -> bool:
-        """Whether /metrics has series per lock, or aggregate ones (see elector/metrics.py)."""
+        """Whether /metrics has series per lock, or aggregate ones (see elector/telemetry/metrics.py)."""
         return per_lock_metrics(self.metrics_per_lock, locks=len(self.locks))
 
     @property

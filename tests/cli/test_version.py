@@ -28,7 +28,7 @@ import elector
 from elector._version import __version__
 from elector.backend.protocol import PROTOCOL
 from elector.cli.main import cli
-from elector.metrics import register_process_metrics
+from elector.telemetry.metrics import register_process_metrics
 from elector.testing.redis_server import free_tcp_port
 
 REPO = Path(__file__).resolve().parents[2]

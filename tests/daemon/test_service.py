@@ -26,7 +26,7 @@ from elector.daemon.leader_file_check import LeaderFileUnusable, judge_leader_fi
 from elector.daemon.service import Daemon, LockElection
 from elector.daemon.settings import SettingsError, build_settings
 from elector.election import ElectionTiming, StepDownReason
-from elector.metrics import MetricFamilies
+from elector.telemetry.metrics import MetricFamilies
 from elector.testing.redis_server import RedisServerProcess, free_tcp_port
 from tests.support.daemon import DaemonProcess, wait_until
 from tests.support.lateness import thread_lateness

@@ -102,8 +102,8 @@ def run_operator_command(settings: OperatorSettings, *, log_format: str, log_lev
 
 
 async def _main(settings: OperatorSettings) -> int:
-    from elector.api import ElectorConfigError
     from elector.kube.operator.runner import run_operator
+    from elector.library.elector import ElectorConfigError
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

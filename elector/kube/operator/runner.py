@@ -35,7 +35,7 @@ from elector.kube.operator.kubeapi import KubeApi
 from elector.kube.operator.metrics import OperatorMetrics
 from elector.kube.operator.watcher import WatchSettings
 from elector.kube.singleton import run_singleton
-from elector.metrics import register_process_metrics
+from elector.telemetry.metrics import register_process_metrics
 
 
 def default_identity(environ: Mapping[str, str] = os.environ) -> str:

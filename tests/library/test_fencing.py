@@ -1,4 +1,4 @@
-"""Fenced writes (`elector.fencing`) against a real redis-server, one per module."""
+"""Fenced writes (`elector.library.fencing`) against a real redis-server, one per module."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio
 import redis.exceptions
 
-from elector.fencing import (
+from elector.library.fencing import (
     MAX_FENCING_TOKEN,
     CorruptFenceKeyError,
     FencedStore,
