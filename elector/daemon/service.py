@@ -106,7 +106,7 @@ class Daemon:
             request_timeout_s=settings.timing.request_timeout_s,
         )
         # A redis+sentinel:// URL: move the connections to a new master at once (a planned failover
-        # leaves the old one writable for ~10 s; see sentinel_watch.py). None for other URLs.
+        # leaves the old one writable for seconds; see sentinel_watch.py). None for other URLs.
         self.master_watcher = (
             watch_master(
                 self.redis.client,
