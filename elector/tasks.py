@@ -3,8 +3,8 @@
 CPython 3.11's `asyncio.wait_for` returns the inner result and drops the outer task's cancellation
 when both land in the same loop iteration (python/cpython#86296; 3.12 rebuilt wait_for on
 asyncio.timeout). redis-py wraps every write in wait_for when the client has a socket timeout, as
-all of elector's clients do. Measured on 3.11.7 with a real redis-server: 197 to 235 of 300 tasks
-cancelled while renewing went on as if never cancelled (redis-py 7.4.1 and 8.1.0). So whatever
+all of elector's clients do: with a real redis-server, most tasks cancelled while renewing go on
+as if never cancelled (docs/design.md, "Measured figures behind the code"). So whatever
 stops a task that may be inside a Redis call sends the cancellation again until the task is done,
 within a bound, and names what is still running at the bound (`cancel_until_done`), rather than
 cancelling once and awaiting: that await can have no end.

@@ -1,12 +1,13 @@
 """Batch script calls packed by elector instead of redis-py, and sent on a pooled connection.
 
 redis-py packs each argument of a command on its own (an `encode` and a few checks each): a
-RENEW_BATCH of 100 leases has 1,100 arguments and took ~2 ms of CPU to pack on a small VM, a fifth
-of a renewal's CPU in a daemon of many locks. Yet a lease's renewal sends the very same keys and
-arguments every time, so its caller encodes them once (`resp_bulks`) and a batch is the join of
-those pieces (`pack_batch`). `round_trip` writes such payloads on one pooled connection and reads
-one reply each, as redis-py's own pipeline does (a reply that is an error is that command's
-error; a failing connection is closed, never given back half-read).
+RENEW_BATCH of 100 leases has 1,100 arguments, and packing them is a large share of a renewal's
+CPU in a daemon of many locks (docs/design.md, "Measured figures behind the code"). Yet a
+lease's renewal sends the very same keys and arguments every time, so its caller encodes them
+once (`resp_bulks`) and a batch is the join of those pieces (`pack_batch`). `round_trip` writes
+such payloads on one pooled connection and reads one reply each, as redis-py's own pipeline does
+(a reply that is an error is that command's error; a failing connection is closed, never given
+back half-read).
 """
 
 from __future__ import annotations

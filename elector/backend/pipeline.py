@@ -20,8 +20,8 @@ not yet sent and its reply is discarded otherwise; the batch itself runs in a ta
 so the cancellation never reaches the shared connection.
 
 Latency: every caller of a batch gets its reply once the whole batch has been read, so when a
-thousand renewals fall due at one instant the last ones wait for all of them (tens of ms on a
-small machine, see bench/many_locks/benchmark.py); spread renewals keep batches small and replies prompt.
+thousand renewals fall due at one instant the last ones wait for all of them (docs/benchmarks.md,
+many_locks); spread renewals keep batches small and replies prompt.
 A linger (`linger_s`) trades latency for fewer round trips when calls are spread: off by default.
 
 Flush spacing (`min_flush_interval_s`, on by default): a batch goes out at most once per this
@@ -29,8 +29,8 @@ interval. A call that finds no batch sent within the interval goes out at once (
 of a single-lock daemon, a handoff's acquire: no added latency); a call that comes sooner waits
 for the rest of the interval, collecting the others that come meanwhile. A daemon of 10,000
 locks makes ~3,300 calls a second, spread evenly: sent one by one, each costs a write, a read
-and redis-py's per-command bookkeeping (most of a renewal's CPU, and the kernel's send() alone
-is 0.1-0.2 ms on a small VM); spaced by 2 ms they go out ~7 at a time, each waiting 2 ms at most.
+and redis-py's per-command bookkeeping (most of a renewal's CPU, the kernel's send() a good part
+of it); spaced by 2 ms they go out ~7 at a time, each waiting 2 ms at most.
 
 Calls made with `ack` (--min-replicas-ack, see replication.py) get a WAIT appended to their
 pipeline: one WAIT at the end covers every write of the batch, since WAIT waits for all writes

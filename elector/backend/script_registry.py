@@ -34,7 +34,8 @@ async def _load_scripts(client: redis.asyncio.Redis) -> None:
 
 #: The scripts registered on each client, by their source: the backends of one client (a daemon
 #: of many locks has one per lock) share them. Registering hashes the script (SHA1 of a few KB):
-#: seven per lock were a tenth of 10,000 locks' start-up CPU, and an object each.
+#: seven per lock add up to a noticeable share of a large daemon's start-up CPU, and an object
+#: each.
 _REGISTERED: weakref.WeakKeyDictionary[object, dict[str, AsyncScript]] = weakref.WeakKeyDictionary()
 
 

@@ -5,7 +5,7 @@ option that reads an `ELECTOR_*` environment variable shows it in --help. Invali
 with code 2 and a message naming the setting.
 
 Importing this module loads click and the commands' declarations only: each command imports what
-it needs (the daemon, redis, aiohttp, structlog: ~0.5 s; kopf) when it runs, since
+it needs (the daemon, redis, aiohttp, structlog; kopf) when it runs, since
 `elector leader-file check`, run every second by a probe, must not pay for them.
 """
 
@@ -61,9 +61,9 @@ def _leave(code: object) -> NoReturn:
     """Exit with `code` as SystemExit would, minus the interpreter's teardown: atexit handlers
     (logging's flush among them) and the standard streams' flush run, then os._exit.
 
-    The teardown (freeing every module and object) cost a stopped daemon 0.1-0.5 s of CPU after its
-    release, on this 2-core machine just when a co-located new leader's command starts (traced by
-    bench/execmode/handoff_trace.py). Only when no thread needs joining.
+    The teardown (freeing every module and object) costs a stopped daemon CPU after its release,
+    just when a co-located new leader's command starts (bench/execmode/handoff_trace.py traces
+    it). Only when no thread needs joining.
     """
     if code is None:
         status = 0

@@ -29,7 +29,7 @@ command's own exit code.
 @options(*RUN_OPTIONS)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(*, command: tuple[str, ...], **params: Any) -> None:
-    # The daemon pulls in redis, asyncio and structlog (~0.3 s): imported only when it runs.
+    # The daemon pulls in redis, asyncio and structlog: imported only when it runs.
     from elector.daemon.settings import SettingsError, build_settings
 
     refuse_unknown_variables()

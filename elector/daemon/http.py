@@ -7,7 +7,8 @@ for Services that route to the leader only.
 
 The routes and answers are `HttpApp`; the protocol is h11's (python-hyper's HTTP/1.1 state
 machine, which does all the parsing) on asyncio streams, in `elector.daemon.http_server`. Four
-GET routes need no web framework: aiohttp cost the daemon 13 MiB of its idle RSS, h11 0.3 MiB.
+GET routes need no web framework, and a framework (aiohttp) costs the daemon many times h11's
+idle memory.
 """
 
 from __future__ import annotations
@@ -255,8 +256,8 @@ def metrics_handler(registry: CollectorRegistry) -> Handler:
     """/metrics, rendered (and compressed, when the scraper offers gzip) in a worker thread of the
     serving loop, one scrape at a time; scrapes that waited for a render share it.
 
-    With 1,000 locks the exposition has 64,000 series (4.5 MB) and takes ~1 s of CPU to render;
-    in the serving loop's own thread it would hold up the probes for that second. The daemon
+    With many locks the exposition has tens of series per lock and takes long to render; in the
+    serving loop's own thread it would hold up the probes for that long. The daemon
     serves from its HTTP thread (`elector.daemon.http_thread`), whose worker this is: neither
     the election's loop nor its threads ever render. The lock keeps a scanner from starting many
     renders; a scrape that arrived while one ran waits for the next, and those waiting together

@@ -1,11 +1,10 @@
 """The HTTP server's lobby: connections taken from the kernel's queue that wait for a slot, and
 the probes answered as they are accepted.
 
-Why (issue 22): under a flood of 30 KB heads on a loaded 2-core machine, fresh probes timed out
-in the kernel's accept queue (up to 234 connections deep, seen with `ss -ltn`) while the HTTP
-thread read the flood's heads. That thread then got ~12% of a core: its loop took 0.3-0.9 s per
-turn with 20-50 ms of CPU in it, and an ordinary connection needs about five turns (accept,
-transport, task, read, answer) before its answer leaves. The kernel's queue is first come, first
+Why: under a flood of large heads on a loaded machine, fresh probes would time out in the
+kernel's accept queue while the HTTP thread reads the flood's heads. That thread then gets a small
+share of a core, so its loop's turns are long, and an ordinary connection needs about five turns
+(accept, transport, task, read, answer) before its answer leaves. The kernel's queue is first come, first
 served and the loop's turns are as long as all that is ready in them; the lobby is neither.
 
 At each turn the server takes every connection the kernel has queued (up to the lobby's room)

@@ -10,8 +10,8 @@ gets bounded service and a fresh probe always gets an answer:
   asking for `Connection: close` of a route that needs no waiting (a kubelet's probe of
   /healthz, /readyz, /leader) is answered and closed right there, without a slot; other small
   complete heads get the next slots before the rest, which follow in arrival order, at most
-  OTHERS_PER_TURN of them per turn. A flood queued ahead of a probe no longer delays it: before,
-  under 30 KB heads on a loaded machine, probes timed out in the kernel's queue;
+  OTHERS_PER_TURN of them per turn. A flood queued ahead of a probe does not delay it (in the
+  kernel's queue, probes behind a flood of large heads on a loaded machine time out);
 - connections: at most `max_connections` open at once (and as many more in the lobby). At the
   cap a new connection is served and one that waits on its client is cut (`shed`) to make room:
   first one closing after its last answer, then one in the middle of a request (a slow or
@@ -93,9 +93,8 @@ _BACKLOG = 1024
 ACCEPTS_PER_TURN = 256
 #: Connections without a small complete head given a slot per turn of the loop, at most: each
 #: costs the loop a read of its head, perhaps an error answer, a close, all before the loop's
-#: next turn, where the next probe is answered. Under 30 KB heads at load 7-9 the leader's
-#: renewal gaps were 0.61-0.65 s with this bound and 0.76-0.84 s without (3 runs each; the
-#: probes were all answered either way).
+#: next turn, where the next probe is answered. Without the bound a flood of large heads
+#: stretches every turn, and with them the leader's renewal gaps.
 OTHERS_PER_TURN = 8
 #: accept() failed for want of descriptors or memory: retry after this long, seconds.
 _ACCEPT_RETRY_S = 0.05

@@ -224,9 +224,9 @@ async def _govern_cpu() -> None:
     sleep of this thread, which releases the GIL) until its share is back under the budget.
 
     A flood that keeps the HTTP thread busy would otherwise take half the process's CPU and
-    hold the GIL whenever the election wants it: on a loaded 2-core machine (load 25) a
-    pipelining flood made a renewal's answer wait past its request timeout and the leader
-    stepped down. Probes wait for the thread's next turn meanwhile, at most MAX_IDLE_S.
+    hold the GIL whenever the election wants it: on a loaded machine a
+    pipelining flood can make a renewal's answer wait past its request timeout and the leader
+    step down. Probes wait for the thread's next turn meanwhile, at most MAX_IDLE_S.
     """
     loop = asyncio.get_running_loop()
     cpu, wall = time.thread_time(), loop.time()
@@ -239,7 +239,7 @@ async def _govern_cpu() -> None:
         idle_s = min(max(MAX_IDLE_S, window_s), used / HTTP_CPU_SHARE - elapsed)
         if idle_s > 0:
             time.sleep(idle_s)  # noqa: ASYNC251 - deliberately blocking: this thread's own budget
-        # An idle thread is looked at seldom (20 wake-ups a second were most of an idle daemon's
+        # An idle thread is looked at seldom (frequent wake-ups would be most of an idle daemon's
         # CPU); one that worked, every CPU_WINDOW_S. A flood is caught within IDLE_WINDOW_S.
         window_s = CPU_WINDOW_S if used > IDLE_CPU_SHARE * elapsed else IDLE_WINDOW_S
         cpu, wall = time.thread_time(), loop.time()

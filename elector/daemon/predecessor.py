@@ -1,6 +1,6 @@
 """A lock renamed without two leaders: lead the new lock only while holding its predecessor too.
 
-A release that renames its lock (chart 0.1.0's `jobs-elector` became `apps/jobs-elector`) runs old
+A release that renames its lock (`jobs-elector` becoming `apps/jobs-elector`) runs old
 and new replicas side by side during a rolling update. On two unrelated locks they would both
 lead. With `--predecessor-lock OLD`, a new replica treats the two locks as one lease:
 

@@ -78,7 +78,7 @@ class Daemon:
         """`yield_cpu_when_done`: once the elections have ended (the leases released), lower the
         loop thread's CPU priority (`yield_cpu`) for the rest of the shutdown: none of it is
         urgent, while on a shared host the next leader's acquire and command start are (the
-        shutdown's CPU, its exit's included, measured ~6 ms in the handoff window). For a
+        shutdown's CPU, its exit's included, falls in the handoff window). For a
         daemon that owns its process (`run_daemon`): the priority is the thread's, for good."""
         self.settings = settings
         self._yield_cpu_when_done = yield_cpu_when_done
@@ -106,7 +106,7 @@ class Daemon:
             request_timeout_s=settings.timing.request_timeout_s,
         )
         # A redis+sentinel:// URL: move the connections to a new master at once (a planned failover
-        # leaves the old one writable for ~10 s; see sentinel_watch.py). None for other URLs.
+        # leaves the old one writable for seconds; see sentinel_watch.py). None for other URLs.
         self.master_watcher = (
             watch_master(
                 self.redis.client,
@@ -307,10 +307,10 @@ class Daemon:
                 settle_s=settings.timing.ttl_s,
             )
         else:
-            # What start-up built (modules, the election, HTTP, ~50,000 objects) lives as long as
-            # the daemon; unfrozen, every full collection walks it while holding the GIL: 40-55 ms
-            # of CPU, over a second of wall time on a loaded machine, and a renewal waited that
-            # long behind one (an HTTP flood's garbage brings full collections on).
+            # What start-up built (modules, the election, HTTP: tens of thousands of objects) lives
+            # as long as the daemon; unfrozen, every full collection walks it while holding the
+            # GIL, on a loaded machine long enough for a renewal to wait behind it (an HTTP
+            # flood's garbage brings full collections on).
             # Now (imports, settings, HTTP) and once more when the first term has settled.
             gc.freeze()
             freeze = loop.call_later(settings.timing.ttl_s, gc.freeze)
@@ -391,8 +391,8 @@ def run_daemon(
     """Run the daemon until it stops; returns the process exit code."""
     configure_logging(settings.logs)
     # The daemon owns its process: drop prometheus_client's `*_created` series (a process-wide
-    # switch). No dashboard or alert reads them, and they are a third of a scrape's series: at
-    # 1,000 locks 64,000 series took ~0.9 s of CPU to render at every scrape.
+    # switch). No dashboard or alert reads them, and they are a third of a scrape's series, and
+    # of its render's CPU.
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
     async def main() -> int:

@@ -43,7 +43,7 @@ from elector.library.elector import Elector, ElectorConfigError, Leadership, Lea
 logger = logging.getLogger(__name__)
 
 #: Least `stop_work_s` a singleton accepts: what stopping kopf (stop flag, then a cancellation
-#: of everything) needs with margin; measured at about 10 ms for idle kopf against a local API.
+#: of everything) needs, with a wide margin for a busy API server and a loaded host.
 MIN_STOP_WORK_S = 0.25
 
 #: Share of `stop_work_s` given to kopf's stop; the rest is for the on_stopped hook and hand-overs.

@@ -19,7 +19,7 @@ the pool does on a failover (checked in tests/backend/topologies/test_sentinel.p
   not a crash), and the next one connects to whatever the sentinels report then.
 - The announcement hub (hub.py) takes its connection from the same pool, so its reconnect
   after the old connection broke lands on the new master too.
-- A planned failover (SENTINEL FAILOVER) leaves the old master writable for ~10 s and kills no
+- A planned failover (SENTINEL FAILOVER) leaves the old master writable for seconds and kills no
   connection: only a master watcher (sentinel_watch.py, which the daemon and the library run)
   moves the pool's connections at once. Without it, a leader stays on the old master.
 - Discovery asks every sentinel (or uses the watcher's answer), not just the first one: the

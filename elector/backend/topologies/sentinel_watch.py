@@ -1,13 +1,13 @@
 """Follow a Sentinel failover: a master watcher that moves the client's pool, on a quorum only.
 
-Why it is needed. After `SENTINEL FAILOVER` Sentinel promotes a replica within ~0.2 s but
-demotes the OLD master only ~10 s later; until then the old master accepts writes, and nothing
+Why it is needed. After `SENTINEL FAILOVER` Sentinel promotes a replica at once but
+demotes the OLD master only seconds later; until then the old master accepts writes, and nothing
 written there survives. redis-py's SentinelConnectionPool asks the sentinels only when it opens a
-new connection, so a leader's pooled connections kept renewing the lease on the old master while
-the copy on the new master (replicated before the switch) expired, and a replica connecting
-afresh was granted the lock there: two leaders. Worse, redis-py's discovery reads `SENTINEL
+new connection, so a leader's pooled connections would keep renewing the lease on the old master
+while the copy on the new master (replicated before the switch) expires, and a replica connecting
+afresh would be granted the lock there: two leaders. Worse, redis-py's discovery reads `SENTINEL
 MASTERS` from the first sentinel that answers, and the failover leader reports the OLD address
-there until its failover ends (~1 s after the others switched, measured).
+there until its failover ends, after the others have switched.
 
 What the watcher does. Every `poll_interval_s` (and at once when a sentinel publishes
 `+switch-master`, `+selected-slave` or `+promoted-slave`) it asks EVERY sentinel, concurrently and
@@ -21,25 +21,24 @@ flight fails at once with a ConnectionError: a failed renewal, never a false suc
 that is being abandoned). New connections use the watcher's answer; without one they ask the
 sentinels themselves under the same rule and fail (MasterNotFoundError) when there is no majority.
 
-Why a majority, and no shortcut (the two-leader bug of fault seed 3584433965). An earlier version
-also followed the replica that ONE sentinel flagged `promoted` during its failover, before the
-promotion was confirmed, and otherwise the single answer with the highest epoch. Right after a
-SIGKILLed master was restarted empty, Sentinel 7.0 sometimes (3 of 12 tries here) starts a
-SECOND failover, of the freshly promoted and healthy master; in the fault run its leader
-evidently selected the restarted, empty node. A daemon that followed the `promoted` flag moved
-there at once; another stayed on the master the majority still named; each was granted on its
-own server. One sentinel's answer - a failover leader whose failover may still abort, a sentinel
+Why a majority, and no shortcut. Neither the replica that ONE sentinel flags `promoted` during
+its failover (before the promotion is confirmed) nor the single answer with the highest epoch is
+safe to follow. Right after a SIGKILLed master is restarted empty, Sentinel 7.0 sometimes starts a
+SECOND failover, of the freshly promoted and healthy master, whose leader may select the
+restarted, empty node. A daemon that followed the `promoted` flag would move there at once;
+another would stay on the master the majority still names; each would be granted on its own
+server. One sentinel's answer - a failover leader whose failover may still abort, a sentinel
 cut off from the others, a stale one - is not the deployment's configuration; what a majority
 names at the newest epoch is (Sentinel needs a majority to authorise a failover, and the others
-adopt the winner's configuration within ~0.1 s of the promotion, by hello messages). With 3
+adopt the winner's configuration shortly after the promotion, by hello messages). With 3
 sentinels 2 must answer and agree; with fewer the watcher keeps its current address and new
 connections fail. tests/backend/topologies/test_sentinel_restart.py holds a failover leader's `promoted`
-flag up for seconds (deterministic) and replays the fault run's sequence.
+flag up for seconds (deterministic) and replays the sequence above.
 
 Why it is safe without --min-replicas-ack (defaults: D = renew deadline = 2/3 ttl, R = renew
 interval = D/2, P = poll interval = min(1 s, R/2), q = request timeout <= R/2, so P + q <= R;
 T_p = the promotion (SLAVEOF NO ONE), T_m = when a majority of sentinels name the new master,
-~0.1 s after T_p, measured):
+shortly after T_p):
 
 - Nobody is on the new master before T_m: every watcher and every new connection needs the
   majority. Every watcher moves within P + q of T_m (at once with pub/sub: each sentinel that
@@ -47,7 +46,8 @@ T_p = the promotion (SLAVEOF NO ONE), T_m = when a majority of sentinels name th
 - The new master holds the lease key as of the leader's last renewal replicated before T_p, sent
   after T_p - R, so the key lives until after T_p - R + ttl. The leader reaches the new master by
   T_m + P + q and renews its own value there (same fencing token, no step-down) if the key is
-  still there, which it is when T_m - T_p + 2R < ttl (defaults: 0.1 s + 2/3 ttl < ttl).
+  still there, which it is when T_m - T_p + 2R < ttl (defaults: 2R = 2/3 ttl, so T_m - T_p must
+stay under a third of the ttl, as the agreement of the sentinels does).
 - Otherwise (a key that expired or never was there: an empty or lagging promoted replica), the
   new master's run_id differs from the one recorded at the last grant, or its fencing counter is
   missing, so the first acquire there starts a one-ttl quiet period (scripts.ACQUIRE): no grant
@@ -270,7 +270,7 @@ class SentinelMasterWatcher:
         shutdown never hangs on it."""
         tasks, self._tasks = self._tasks, []
         # Sent again while a task runs on: a listener whose one cancellation 3.11's wait_for
-        # dropped went back to a read with no end (CI, c27140e; elector/tasks.py).
+        # drops goes back to a read with no end (elector/tasks.py).
         left = await cancel_until_done(tasks, within_s=CLOSE_WAIT_S)
         for task in left:
             logger.error(
@@ -300,7 +300,7 @@ class SentinelMasterWatcher:
         total = len(self._manager.sentinels)
         address = agreed_master(answers, sentinels=total)
         if address is None:
-            # Kept where it is. Brief disagreement is normal while a configuration spreads (~0.1 s).
+            # Kept where it is. Brief disagreement is normal while a configuration spreads.
             self.undecided += 1
             if len(answers) < quorum_of(total):
                 self._trouble(f"{len(answers)} of {total} sentinels answered; a majority is needed")
@@ -393,10 +393,10 @@ async def _drop_subscription(pubsub: redis.asyncio.client.PubSub, *, timeout_s: 
     is being cancelled (the watcher closes), redis-py's own close, bounded, which gives the
     connection back to its client's pool (a resubscribing listener must not leak one per retry).
 
-    Why: twice in `make test-loaded` (load 10-12), after a failover test, two listeners did not end
-    within 5 s of their cancellation, nor within pytest's 120 s: each waited in `pubsub.aclose()`,
-    under a timeout that should have ended it. A close that does not wait cannot be held; with its
-    socket closed first, the library's close has nothing left to wait for."""
+    Why: on a loaded host, after a failover, redis-py's `pubsub.aclose()` can wait without end,
+    under a timeout that should have ended it (docs/topologies.md, "Pub/sub and READONLY"). A
+    close that does not wait cannot be held; with its socket closed first, the library's close has
+    nothing left to wait for."""
     connection = pubsub.connection
     if connection is not None:
         with contextlib.suppress(Exception):

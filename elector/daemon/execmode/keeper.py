@@ -56,7 +56,7 @@ keeper closes that gap without depending on the daemon:
 Standard library only, and no `elector` imports: it is started with `python -I -S` and costs a
 bare interpreter's memory (see bench/execmode/keeper_cost.py) plus what it imports, kept small:
 `_signal` rather than `signal` (no enum), a local `suppress` rather than contextlib, ctypes only
-for prctl (measured: 4.1 MiB of anonymous memory parked before, 3.3 after). The daemon side is
+for prctl. The daemon side is
 `KeeperLink` (keeper_link.py).
 
 PR_SET_PDEATHSIG fires when the *thread* that forked the keeper exits: the daemon spawns it from
@@ -80,7 +80,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
 else:
     # The C module that `signal` wraps: the same functions and constants, as plain ints. `signal`
-    # itself adds enums, and importing enum (and what it imports) cost the keeper 0.7 MiB.
+    # itself adds enums, and importing enum (and what it imports) would add to the keeper's memory.
     import _signal as signal
 
 try:  # imported now, not on the exit path (exit_like)

@@ -26,7 +26,7 @@ from elector.daemon.execmode.keeper import (
 #: Loads keeper.py in a bare interpreter (-I: no environment, -S: no site-packages) through the
 #: import system, so that its cached bytecode is used, under a name of its own (not `elector`).
 #: importlib.machinery's loader, not importlib.util: util imports contextlib, functools, types...
-#: (0.5 MiB of the keeper's memory) that the keeper does not need.
+#: (memory the keeper would carry) that the keeper does not need.
 _BOOTSTRAP = (
     "import sys, importlib.machinery as machinery; path = sys.argv.pop(1); "
     "keeper = type(sys)('elector_keeper'); keeper.__file__ = path; "

@@ -14,8 +14,8 @@ every process of it is gone (see supervisor.py for the guarantees).
 * A process still there at that deadline but already dying (a SIGKILL pending on it, or in its
   exit) is not a survivor unless it sleeps uninterruptibly (state D): it can never run its own
   code again, which is all that "gone" ever promised (a gone process's last writes may be in
-  flight too). Under load, 200 SIGKILLed processes took over the 0.1 s slack just to be scheduled
-  to die: reported as survivors, they withheld the release, and the lease was left to lapse.
+  flight too). Under load, SIGKILLed processes can take longer than the slack just to be scheduled
+  to die: reported as survivors, they would withhold the release and leave the lease to lapse.
   A process in D is still reported: its syscall (a write to a network file system) can complete
   long after.
 * With its keeper lost (`Run.keeper_lost`), nobody else follows the command's escaped chains: the

@@ -1,7 +1,7 @@
 """The candidate pods, from one shared watch of the pods of every watched namespace.
 
-Each LeaderElection used to LIST its pods every few seconds: 200 of them made some 40 LISTs a second
-on the API server, however quiet the cluster. Instead, kopf keeps one watch of the pods (an index:
+A LIST of each LeaderElection's pods every few seconds would load the API server in proportion
+to the LeaderElections, however quiet the cluster. Instead, kopf keeps one watch of the pods (an index:
 `kopf.index`, filled before any LeaderElection's watcher starts, live afterwards), and each watcher
 reads its candidates from memory. The index keeps only what the operator needs of a pod (its name,
 namespace, uid, labels, resourceVersion, whether it is being deleted), so that a large namespace
