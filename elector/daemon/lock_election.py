@@ -25,8 +25,8 @@ from elector.daemon.leader_file import LEADER_FILE_WAIT_S, LeaderFileWriter
 from elector.daemon.logs import OutcomeLogger, make_logger
 from elector.daemon.settings import Settings
 from elector.election import CycleOutcome, Election, ElectionHooks, ElectionStatus, State, StepDownReason
-from elector.election.cadence import renew_grid_s
 from elector.election.clock import boottime
+from elector.election.policy import renew_grid_s
 from elector.election.rounds import RenewalRounds
 from elector.election.timers import SharedTimers, StartGate
 from elector.lease import Holder, Lease

@@ -15,9 +15,9 @@ import asyncio
 import contextlib
 
 from elector.backoff import backoff_delay_s
-from elector.election.cadence import FAILURE_BACKOFF_JITTER
 from elector.election.core import ElectionCore, describe_error, logger
 from elector.election.outcome import State
+from elector.election.policy import FAILURE_BACKOFF_JITTER
 from elector.election.timers import SharedTimer, StartGate, StartTurn
 from elector.lease import LeaseBackendError, LeaseEventKind
 from elector.tasks import await_chain, cancel_until_done

@@ -16,10 +16,10 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from elector.election.cadence import RENEW_GRID_S, failure_backoff_s, wake_jitter_s
 from elector.election.clash import ClashEpisodes
 from elector.election.hooks import ElectionHooks
 from elector.election.outcome import CycleOutcome, OutcomeKind, State, StepDownReason
+from elector.election.policy import RENEW_GRID_S, failure_backoff_s, wake_jitter_s
 from elector.election.timers import SharedTimers
 
 if TYPE_CHECKING:

@@ -40,9 +40,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from elector.election.cadence import ms, next_renewal_at
 from elector.election.core import describe_error, error_kind_of
 from elector.election.outcome import CycleOutcome, ElectionStatus, OutcomeKind, State, StepDownReason
+from elector.election.policy import ms, next_renewal_at, step_down_due
 from elector.election.rounds import RoundMember
 from elector.election.stepping_down import SteppingDown
 from elector.election.timers import StartGate, StartTurn
@@ -394,13 +394,10 @@ class Election(SteppingDown, RoundMember):
                 result = answer
             else:
                 now = self._clock()
-                if now >= self._valid_until:
-                    # We were not scheduled in time (paused, starved): the lease may be gone already.
-                    await self._begin_step_down(StepDownReason.LEASE_EXPIRED, release=True)
-                    return self._stepped_down(OutcomeKind.STEPPED_DOWN, StepDownReason.LEASE_EXPIRED, at=now)
-                if now >= deadline:
-                    await self._begin_step_down(StepDownReason.RENEW_DEADLINE, release=True)
-                    return self._stepped_down(OutcomeKind.STEPPED_DOWN, StepDownReason.RENEW_DEADLINE, at=now)
+                overdue = step_down_due(now, valid_until=self._valid_until, renew_deadline_at=deadline)
+                if overdue is not None:
+                    await self._begin_step_down(overdue, release=True)
+                    return self._stepped_down(OutcomeKind.STEPPED_DOWN, overdue, at=now)
                 sent = now
                 self._cycle_due_by = sent + self._timing.request_timeout_s
                 async with asyncio.timeout(min(self._timing.request_timeout_s, deadline - sent)):

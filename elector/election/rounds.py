@@ -33,6 +33,7 @@ from typing import Any, Protocol, cast
 from elector.election.announcements import AnnouncementListener
 from elector.election.core import RoundResult
 from elector.election.outcome import State, StepDownReason
+from elector.election.policy import should_yield
 from elector.lease import Candidate, Handoff, Lease, Renewed, RenewResult
 
 
@@ -45,10 +46,6 @@ class RoundRenewable(Protocol):
     def renew_soon(self, lease: Lease, *, priority: int = 0) -> asyncio.Future[Any]: ...
 
     def renew_result(self, reply: asyncio.Future[Any]) -> RenewResult: ...
-
-
-#: A rival must have refreshed its entry this share of a ttl after we first noticed it.
-RIVAL_REFRESH_SLACK = 0.05
 
 
 def is_plain(result: RenewResult | BaseException) -> bool:
@@ -101,30 +98,21 @@ class RoundMember(AnnouncementListener):
     def _should_yield(
         self, handoff: Handoff | None, rival: Candidate | None, *, now: float
     ) -> StepDownReason | None:
-        """Whether a successful renewal should end our term: a handoff asked, or a better rival."""
-        self._pending_handoff_to = None
-        if handoff is not None and handoff.from_identity == self._identity:
-            # Re-armed at the release for a named target, so that a long drain cannot outlast
-            # the requested window and let a third candidate in.
-            self._pending_handoff_to = handoff.to_identity
-            return StepDownReason.HANDOFF
-        # A rival must be alive now: one that registered and died still has an entry for 3 ttl,
-        # and handing over to it would leave the lock without a leader.
-        if rival is None or rival.priority <= self._priority or rival.last_seen_ms_ago > self._timing.ttl_ms:
-            self._rival_seen_since = None
-            return None
-        if self._rival_seen_since is None:
-            self._rival_seen_since = now
-        watched_s = now - self._rival_seen_since
-        # It must also have refreshed its entry since we first noticed it, by more than the two
-        # clocks can disagree: a pod that registered once and died can still look "seen within
-        # a ttl" by a few ms when the dwell ends (its age is on Redis's clock, ours on our own).
-        refreshed = rival.last_seen_ms_ago / 1000 < watched_s - RIVAL_REFRESH_SLACK * self._timing.ttl_s
-        settled = watched_s >= self._preempt_after_s and refreshed
-        if settled and now - self._led_since >= self._preempt_after_s:
-            self._pending_handoff_to = rival.identity
-            return StepDownReason.PREEMPTED
-        return None
+        """Whether a successful renewal should end our term (policy.should_yield)."""
+        verdict = should_yield(
+            handoff,
+            rival,
+            now=now,
+            identity=self._identity,
+            priority=self._priority,
+            led_since=self._led_since,
+            rival_seen_since=self._rival_seen_since,
+            preempt_after_s=self._preempt_after_s,
+            ttl_s=self._timing.ttl_s,
+        )
+        self._pending_handoff_to = verdict.hand_over_to
+        self._rival_seen_since = verdict.rival_seen_since
+        return verdict.reason
 
     def _may_renew_in_round(self, now: float) -> bool:
         """Whether a round may renew the lease now: a leader well within its validity and renew

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 
-from elector.election.cadence import ms
 from elector.election.core import ElectionCore, describe_error, error_kind_of, logger
 from elector.election.outcome import CycleOutcome, OutcomeKind, State, StepDownReason
+from elector.election.policy import ms, withheld_stand_back_until
 from elector.lease import Holder, LeaseBackendError
 
 #: Step-downs asked for from outside a cycle; their outcome is the release that completes them.
@@ -40,11 +40,9 @@ class SteppingDown(ElectionCore):
         if not stopped:
             # The old lease lapses on Redis no later than its last renewal's send time + ttl.
             lapse_at = self._last_renew_sent_at + self._timing.ttl_s
-            stand_back_until = lapse_at
-            if reason in (StepDownReason.HANDOFF, StepDownReason.PREEMPTED):
-                # No release means no handoff key: stay out for the window the release would have
-                # opened, so that the intended successor gets the lapsed lease, not us again.
-                stand_back_until += self._timing.ttl_s
+            stand_back_until = withheld_stand_back_until(
+                last_renew_sent_at=self._last_renew_sent_at, ttl_s=self._timing.ttl_s, reason=reason
+            )
             self._contend_not_before = max(self._contend_not_before, stand_back_until)
             self._pending_handoff_to = None
             self._state = State.STOPPED if reason is StepDownReason.SHUTDOWN else State.FOLLOWER
