@@ -23,27 +23,9 @@ FIRST_RENEWAL_SPREAD = 0.9
 
 #: With renewal jitter on (many locks), each renewal is due on a point of a grid within its
 #: jitter range: the renewals of many locks then fall due at the same instants and go out
-#: together, as one batch script call (backend/pipeline.py), instead of one request each. This
-#: is the default grid, and the finest `renew_grid_s` picks.
+#: together, as one batch script call, instead of one request each. This is the default grid,
+#: and the finest a daemon of many locks picks.
 RENEW_GRID_S = 0.02
-
-#: The coarsest grid `renew_grid_s` picks, and about how many renewals it puts on one point.
-#: Each point costs a daemon one round trip (a send and a read: ~0.3-0.6 ms of CPU on a small VM,
-#: loopback included) whatever the number due at it, while every renewal of a point waits for
-#: the client work of all of them (their replies are handled one after another): at 1,000 locks
-#: and ttl 10 s a 20 ms grid was 50 round trips a second for ~7 renewals each, a third of the
-#: daemon's CPU; a 100 ms grid put ~170 renewals on a point at 5,000 locks and tripled the p50.
-MAX_RENEW_GRID_S = 0.1
-RENEWALS_PER_GRID_POINT = 30
-
-
-def renew_grid_s(locks: int, *, renew_interval_s: float) -> float:
-    """The renewal grid of a daemon of `locks` locks: about RENEWALS_PER_GRID_POINT renewals a
-    point, between RENEW_GRID_S and MAX_RENEW_GRID_S. Early is always safe; never later than
-    the renew interval (see `on_grid`)."""
-    per_second = max(1, locks) / renew_interval_s
-    return min(MAX_RENEW_GRID_S, max(RENEW_GRID_S, RENEWALS_PER_GRID_POINT / per_second))
-
 
 #: Retries after failed requests: each delay is drawn from its upper half, so replicas that failed
 #: together spread out. Capped so that a recovered Redis is noticed quickly.

@@ -1,5 +1,5 @@
-"""The election's policy (elector/election/policy.py): the renewal grid, when a leader steps down,
-when it yields."""
+"""The election's policy (elector/election/policy.py): renewals on the grid, when a leader steps
+down, when it yields."""
 
 from __future__ import annotations
 
@@ -9,30 +9,20 @@ import pytest
 
 from elector.election.outcome import StepDownReason
 from elector.election.policy import (
-    MAX_RENEW_GRID_S,
     RENEW_GRID_S,
-    RENEWALS_PER_GRID_POINT,
     YieldVerdict,
     next_renewal_at,
-    renew_grid_s,
     should_yield,
     step_down_due,
     withheld_stand_back_until,
 )
 from elector.lease import Candidate, Handoff
 
-
-def test_the_grid_holds_about_the_same_number_of_renewals_a_point_within_its_bounds() -> None:
-    assert renew_grid_s(1, renew_interval_s=3.0) == MAX_RENEW_GRID_S
-    assert renew_grid_s(100, renew_interval_s=3.0) == MAX_RENEW_GRID_S
-    grid = renew_grid_s(1000, renew_interval_s=3.0)
-    assert RENEW_GRID_S < grid < MAX_RENEW_GRID_S
-    assert grid * 1000 / 3.0 == pytest.approx(RENEWALS_PER_GRID_POINT)
-    assert renew_grid_s(10_000, renew_interval_s=3.0) == RENEW_GRID_S
-    assert renew_grid_s(100_000, renew_interval_s=3.0) == RENEW_GRID_S
+#: The coarsest grid a daemon of many locks picks (daemon/many_locks/grid.py).
+COARSEST_GRID_S = 0.1
 
 
-@pytest.mark.parametrize("grid_s", [RENEW_GRID_S, 0.09, MAX_RENEW_GRID_S])
+@pytest.mark.parametrize("grid_s", [RENEW_GRID_S, 0.09, COARSEST_GRID_S])
 def test_renewals_fall_on_the_grid_never_later_than_the_interval(grid_s: float) -> None:
     rng = random.Random(7)
     for i in range(500):
