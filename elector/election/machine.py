@@ -78,7 +78,6 @@ from elector.election.policy import (
 )
 from elector.election.timing import ElectionTiming
 from elector.lease import (
-    Candidate,
     Granted,
     Handoff,
     Held,
@@ -687,20 +686,14 @@ class Election:
 
     def _apply_renewal(self, sent: float, result: Renewed) -> StepDownReason | None:
         """A renewal sent at `sent` succeeded: the lease is ours until `sent` + validity. Whether
-        it should end the term anyway (a handoff asked, a better rival)."""
+        it should end the term anyway: a handoff asked, a better rival (`policy.should_yield`)."""
         self._last_renew_sent_at = sent
         self._valid_until = sent + self._timing.validity_s
         self._holder_expires_at = sent + self._timing.ttl_s
-        return self._should_yield(result.handoff, result.best_rival, now=sent)
-
-    def _should_yield(
-        self, handoff: Handoff | None, rival: Candidate | None, *, now: float
-    ) -> StepDownReason | None:
-        """Whether a successful renewal should end our term (policy.should_yield)."""
         verdict = should_yield(
-            handoff,
-            rival,
-            now=now,
+            result.handoff,
+            result.best_rival,
+            now=sent,
             identity=self._identity,
             priority=self._priority,
             led_since=self._led_since,
