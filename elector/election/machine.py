@@ -218,6 +218,7 @@ class Election:
         self._priority = priority
         self._preempt_after_s = timing.ttl_s if preempt_after_s is None else preempt_after_s
 
+        # The term: our state, the lease, its validity, and how it ends.
         self._state = State.FOLLOWER
         self._lease: Lease | None = None
         self._last_renew_sent_at = 0.0
@@ -229,6 +230,7 @@ class Election:
         self._rival_seen_since: float | None = None
         self._resign_stand_back_s: float | None = None
         self._resign_reason = StepDownReason.RESIGNED
+        # Whether we may contend: a stand-back, the program's hold, the outside gate.
         self._contend_not_before = 0.0
         #: Held by the program while its own leader work of an ended term still runs.
         self._contend_held = False
@@ -237,6 +239,7 @@ class Election:
         self._withdrawn_while_gated = False
         self._hold_lifted = False
 
+        # What we have seen of the lock and of Redis (the status and the outcomes report it).
         self._holder: Holder | None = None
         self._holder_expires_at: float | None = None
         self._last_backend_ok_at: float | None = None
@@ -248,6 +251,7 @@ class Election:
         self._highest_token_seen = 0
         self._token_regressed_from: int | None = None
 
+        # The run, and what wakes its task.
         self._started = False
         #: Whether this run has called on_stopped_leading (a term ended): its end then need not.
         self._stop_hook_called = False
