@@ -1,4 +1,5 @@
-# `make` (= `make demo`) sets everything up and runs the demo; `make test` is what CI runs (.ci/run).
+# `make` (= `make demo`) sets everything up and runs the demo; `make test` is what CI runs (.ci/run);
+# `make check` is the fast loop: lint and the in-process tests, no system package needed.
 # Everything runs from .venv, created and kept up to date by scripts/bootstrap.sh.
 
 VENV := .venv
@@ -6,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := demo
-.PHONY: demo test test-loaded lint bench bench-setup setup system-deps clean distclean
+.PHONY: demo check test test-loaded lint bench bench-setup setup system-deps clean distclean
 
 demo: $(STAMP)
 	$(BIN)/elector demo
@@ -18,6 +19,15 @@ TEST_WORKERS ?= 4
 
 test: lint system-deps
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal
+
+# The `check` tier: every test whose fixtures need no real component (no redis-server, promtool,
+# podman, spin...; tests/support/tiers.py marks the tiers from the fixtures). Bytecode is cached
+# even where the environment says not to: collecting rewrites every test module's asserts, and
+# from the cache that is a third of the work (this loop is run again and again).
+CHECK_WORKERS ?= 4
+
+check: lint
+	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -m check -n $(CHECK_WORKERS) --dist worksteal -q
 
 # `make test` on a busy machine, reproduced anywhere (not part of `make test`): the same suite while
 # two busy processes, a disk writer and the fault suite's soak (on OS-chosen ports, clear of the

@@ -20,6 +20,7 @@ from bench.execmode import handoff_trace
 from bench.harness import report
 from bench.harness.common import REPO, BenchResult, stop_all
 from bench.harness.context import Context, machine_facts
+from bench.kube_operator import api_calls as operator_api_calls
 from bench.lease import handoff, idle_requests, idle_resources, startup, takeover
 from bench.library_peers import benchmark as library_peers
 from bench.many_locks import benchmark as many_locks
@@ -37,6 +38,7 @@ BENCHMARKS: list[ModuleType] = [
     peers,
     library_peers,
     overrun_kill,
+    operator_api_calls,
 ]
 NAMES = [module.NAME for module in BENCHMARKS]
 DOCS = REPO / "docs" / "benchmarks.md"

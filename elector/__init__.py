@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 from elector._version import __version__  # the release (elector/_version.py)
 
 if TYPE_CHECKING:
-    from elector.api import (
+    from elector.election.outcome import ElectionStatus, State, StepDownReason
+    from elector.lease import Holder
+    from elector.library.elector import (
         Elector,
         ElectorConfigError,
         ForkedElectorError,
@@ -22,37 +24,35 @@ if TYPE_CHECKING:
         LeadershipTimeout,
         RedisSetupError,
     )
-    from elector.api_signals import run
-    from elector.api_watch import Leader, LeaderWatch, watch
-    from elector.election.outcome import ElectionStatus, State, StepDownReason
-    from elector.fencing import (
+    from elector.library.fencing import (
         CorruptFenceKeyError,
         FencedStore,
         FencedWriteResult,
         FencingError,
         StaleFencingTokenError,
     )
-    from elector.lease import Holder
+    from elector.library.signals import run
+    from elector.library.watch import Leader, LeaderWatch, watch
 
 #: Each public name and the module that defines it. These names are the library's public API
 #: (listed in docs/library.md); every other module of elector is internal and may change.
 _LAZY_NAMES = {
-    # Leader election (elector.api): the Elector, one term of leadership, how a term ends.
-    "Elector": "elector.api",
-    "ElectorConfigError": "elector.api",
-    "Leadership": "elector.api",
-    "LeadershipLost": "elector.api",
-    "LeadershipTimeout": "elector.api",
+    # Leader election (elector/library/elector.py): the Elector, one term of leadership, how a term ends.
+    "Elector": "elector.library.elector",
+    "ElectorConfigError": "elector.library.elector",
+    "Leadership": "elector.library.elector",
+    "LeadershipLost": "elector.library.elector",
+    "LeadershipTimeout": "elector.library.elector",
     # fail_fast=True: Redis refuses us in a way retrying cannot cure.
-    "RedisSetupError": "elector.api",
+    "RedisSetupError": "elector.library.elector",
     # An Elector used in a forked child (docs/library.md, "Fork and process managers").
-    "ForkedElectorError": "elector.api",
+    "ForkedElectorError": "elector.library.elector",
     # asyncio.run with SIGTERM unwinding like Ctrl-C (the sync API's is elector.sync.run).
-    "run": "elector.api_signals",
+    "run": "elector.library.signals",
     # Who leads, without contending.
-    "watch": "elector.api_watch",
-    "LeaderWatch": "elector.api_watch",
-    "Leader": "elector.api_watch",
+    "watch": "elector.library.watch",
+    "LeaderWatch": "elector.library.watch",
+    "Leader": "elector.library.watch",
     "StepDownReason": "elector.election.outcome",
     # What Elector.status() returns.
     "ElectionStatus": "elector.election.outcome",
@@ -60,11 +60,11 @@ _LAZY_NAMES = {
     # ElectionStatus.holder: who holds the lock (identity, fencing token).
     "Holder": "elector.lease",
     # Fencing resources kept in Redis (docs/fencing.md).
-    "FencedStore": "elector.fencing",
-    "FencedWriteResult": "elector.fencing",
-    "FencingError": "elector.fencing",
-    "StaleFencingTokenError": "elector.fencing",
-    "CorruptFenceKeyError": "elector.fencing",
+    "FencedStore": "elector.library.fencing",
+    "FencedWriteResult": "elector.library.fencing",
+    "FencingError": "elector.library.fencing",
+    "StaleFencingTokenError": "elector.library.fencing",
+    "CorruptFenceKeyError": "elector.library.fencing",
 }
 
 __all__ = [

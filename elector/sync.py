@@ -30,7 +30,7 @@ interrupted that way, `on_overrun="exit"` ends the whole process (`os._exit(OVER
 when a body is still running at `stop_work_s` after its term ended, or when the validity runs out
 under it, before the lease can expire on Redis; the process manager restarts it. When no thread of
 the process can run then (a C call holding the GIL, a SIGSTOP), a kernel timer SIGKILLs it at
-the validity end instead (sync_overrun.py).
+the validity end instead (library/_sync_overrun.py).
 """
 
 from __future__ import annotations
@@ -47,17 +47,17 @@ from typing import Any, Literal, TypeVar
 
 from prometheus_client import CollectorRegistry
 
-from elector import api
-from elector.api_errors import LeadershipLost, refuse_pickling
-from elector.api_params import ElectorConfigError, checked_stand_back, checked_timeout
-from elector.api_signals import SIGTERM_EXIT_CODE
-from elector.api_term import Leadership
-from elector.api_watch import Leader
 from elector.election import ElectionStatus, StepDownReason
 from elector.election.clock import boottime
-from elector.sync_fencing import FencedStore
-from elector.sync_overrun import OVERRUN_EXIT_CODE, OverrunGuard
-from elector.sync_watch import LeaderWatcher, watch
+from elector.library import elector as api_elector
+from elector.library._params import ElectorConfigError, checked_stand_back, checked_timeout
+from elector.library._sync_fencing import FencedStore
+from elector.library._sync_overrun import OVERRUN_EXIT_CODE, OverrunGuard
+from elector.library._sync_watch import LeaderWatcher, watch
+from elector.library.errors import LeadershipLost, refuse_pickling
+from elector.library.signals import SIGTERM_EXIT_CODE
+from elector.library.term import Leadership
+from elector.library.watch import Leader
 
 __all__ = [
     "OVERRUN_EXIT_CODE",
@@ -78,7 +78,7 @@ OnOverrun = Literal["withhold", "exit"]
 
 
 class _ThreadBody:
-    """A sync body in a term (an `api_term.TermBody`): told to stop, never cancelled."""
+    """A sync body in a term (a `library.term.TermBody`): told to stop, never cancelled."""
 
     def __init__(self) -> None:
         self.exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -136,7 +136,7 @@ class Elector:
         if on_overrun not in ("withhold", "exit"):
             raise ElectorConfigError("on_overrun", f"must be 'withhold' or 'exit', got {on_overrun!r}")
         self._on_overrun = on_overrun
-        self._core = api.Elector(
+        self._core = api_elector.Elector(
             lock,
             redis=redis,
             cluster=cluster,

@@ -1,6 +1,10 @@
 """The fixtures shared by the whole suite, in one place. Plain helpers live in tests/support/.
 
-- Redis: `redis_server` (a fresh one per test), `redis_url`, `module_redis_server` (one per
+Every test is in one of two tiers, `check` or `integration`, decided by the fixtures it uses: a
+fixture that starts or finds a real component says so with `@needs(...)` (tests/support/tiers.py).
+
+- Redis: `redis_server` (a fresh one per test), `redis_binary` and `tls_redis_binary` (for a test
+  that starts its own server), `redis_url`, `module_redis_server` (one per
   module: tests on it use locks of their own), `raw` (an async client), `plain` (a sync client),
   `seeded` (`plain`, with the lock "jobs" already used: no new-lock quiet period), `tcp_proxy`.
 - Daemons: `daemon` starts `elector run` processes on `redis_url` and stops them after the test.
@@ -16,7 +20,7 @@ A module that needs a variant overrides the fixture by name, building on this on
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +37,15 @@ from tests.support.previous_release import PreviousRelease, PreviousReleaseError
 from tests.support.seed import seed_used_lock
 from tests.support.sentinel import SentinelSet
 from tests.support.tcp_proxy import TcpProxy
+from tests.support.tiers import CHECK, PIP, REDIS, needs
+from tests.support.tiers import register as register_tiers
 from tests.support.timeout_backstop import (
     make_report_dir,
     pytest_runtest_protocol,  # noqa: F401 (a hook)
     remove_report_dir_if_empty,
     reports,
 )
+from tests.support.tls import NoTlsRedisServer, find_tls_redis_server
 
 #: The backstop's report directory, if this process made it (tests/support/timeout_backstop.py).
 _BACKSTOP_DIR = pytest.StashKey[str | None]()
@@ -59,6 +66,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.tbstyle = "native"
     # Before pytest-xdist starts its workers: they inherit the directory.
     config.stash[_BACKSTOP_DIR] = make_report_dir()
+    register_tiers(config, repository=Path(__file__).resolve().parent.parent)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -73,14 +81,41 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Fail the whole run (not skip) if no redis-server is available: the tests need a real one."""
+    """Fail the whole run (not skip) if no redis-server is available: the integration tests need a
+    real one. The check tier (`-m check`) needs none."""
+    if session.config.option.markexpr == CHECK:
+        return
     try:
         find_redis_server()
     except RedisServerNotFound as exc:
         pytest.exit(f"Cannot run the tests: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
 
 
+def _found(find: Callable[[], str], missing: type[Exception]) -> str:
+    """What `find()` found; else the test fails with its message, which says how to get it."""
+    try:
+        return find()
+    except missing as exc:
+        problem = str(exc)
+    pytest.fail(problem, pytrace=False)
+
+
+@pytest.fixture(scope="session")
+@needs(REDIS)
+def redis_binary() -> str:
+    """The redis-server a test starts itself (`RedisServerProcess(binary=redis_binary)`)."""
+    return _found(find_redis_server, RedisServerNotFound)
+
+
+@pytest.fixture(scope="session")
+@needs(REDIS)
+def tls_redis_binary() -> str:
+    """A redis-server built with TLS, for a test that starts its own (`TlsRedis(binary=...)`)."""
+    return _found(find_tls_redis_server, NoTlsRedisServer)
+
+
 @pytest.fixture
+@needs(REDIS)
 def redis_server() -> Iterator[RedisServerProcess]:
     """A fresh, empty redis-server on a free port, stopped (by PID) after the test."""
     with RedisServerProcess() as server:
@@ -93,6 +128,7 @@ def redis_url(redis_server: RedisServerProcess) -> str:
 
 
 @pytest.fixture(scope="module")
+@needs(REDIS)
 def module_redis_server() -> Iterator[RedisServerProcess]:
     """One redis-server for a whole module; its tests must use keys (locks) of their own."""
     with RedisServerProcess() as server:
@@ -153,6 +189,7 @@ async def runs() -> AsyncIterator[list[Any]]:
 
 
 @pytest.fixture
+@needs(REDIS)
 def deployment() -> Iterator[SentinelSet]:
     """A fresh Sentinel deployment: a master, two replicas, three sentinels."""
     with SentinelSet(replicas=2) as sentinels:
@@ -171,6 +208,7 @@ async def tcp_proxy(redis_server: RedisServerProcess) -> AsyncIterator[TcpProxy]
 
 
 @pytest.fixture(scope="session")
+@needs(PIP)
 def previous_release() -> PreviousRelease:
     """The last release's `elector` in a venv of its own, built from git history on first use."""
     try:

@@ -34,9 +34,10 @@ import redis
 from elector.testing.redis_server import RedisServerProcess
 from tests.support.daemon import DaemonProcess, wait_until
 from tests.support.seed import seed_used_lock
+from tests.support.tiers import PIP, PYTHONS, REDIS, needs
 from tests.support.tls import TlsRedis
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 
 REPO = Path(__file__).resolve().parents[1]
 VERSIONS = ("3.11", "3.12", "3.13")
@@ -102,6 +103,14 @@ def _build(version: str, python: str, *, root: Path, wheelhouse: Path) -> Venv:
 
 
 @pytest.fixture(scope="session")
+@needs(PYTHONS)
+def pythons() -> dict[str, str]:
+    """version -> interpreter, for each admitted version found on this machine."""
+    return FOUND
+
+
+@pytest.fixture(scope="session")
+@needs(PYTHONS, PIP)
 def venvs(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str, Venv]:
     """One venv per version found, built once per session (shared by pytest-xdist's workers
     under a file lock: the first builds, the others wait and reuse), the versions concurrently."""
@@ -137,12 +146,12 @@ def _build_all(root: Path) -> dict[str, Venv]:
         return {version: future.result() for version, future in futures.items()}
 
 
-def test_at_least_two_admitted_pythons_are_found() -> None:
-    missing = [version for version in VERSIONS if version not in FOUND]
-    print(f"\nPythons found: {', '.join(f'{v} ({p})' for v, p in FOUND.items()) or 'none'}; "
+def test_at_least_two_admitted_pythons_are_found(pythons: dict[str, str]) -> None:
+    missing = [version for version in VERSIONS if version not in pythons]
+    print(f"\nPythons found: {', '.join(f'{v} ({p})' for v, p in pythons.items()) or 'none'}; "
           f"not found: {', '.join(missing) or 'none'}")  # fmt: skip
-    assert len(FOUND) >= MIN_FOUND, (
-        f"found {sorted(FOUND)} of {list(VERSIONS)}: at least {MIN_FOUND} are needed "
+    assert len(pythons) >= MIN_FOUND, (
+        f"found {sorted(pythons)} of {list(VERSIONS)}: at least {MIN_FOUND} are needed "
         "(install them, e.g. with pyenv)"
     )
 
@@ -215,6 +224,7 @@ def _leads(daemon: DaemonProcess) -> None:
 
 
 @pytest.fixture
+@needs(REDIS)
 def lock_server() -> Iterator[RedisServerProcess]:
     with RedisServerProcess() as server:
         with redis.Redis(port=server.port) as client:
@@ -242,9 +252,11 @@ def test_run_leads_in_plain_tcp_and_in_exec_mode(
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_run_leads_over_tls(venvs: dict[str, Venv], version: str, tmp_path: Path) -> None:
+def test_run_leads_over_tls(
+    venvs: dict[str, Venv], version: str, tmp_path: Path, tls_redis_binary: str
+) -> None:
     venv = _venv(venvs, version)
-    with TlsRedis(tmp_path / "tls") as server:
+    with TlsRedis(tmp_path / "tls", binary=tls_redis_binary) as server:
         with redis.Redis(port=server.server.port) as admin:
             seed_used_lock(admin)
         files = server.files

@@ -38,7 +38,7 @@ TTL_MS = 600_000
 
 def previous_scripts() -> dict[str, Any]:
     source = subprocess.run(
-        # The scripts lived in elector/backend/scripts.py at that commit (lua/lease.py since).
+        # The scripts lived at PREVIOUS_RELEASE:elector/backend/scripts.py (in lua/lease.py since).
         ["git", "show", f"{PREVIOUS_RELEASE}:elector/backend/scripts.py"],
         cwd=REPO,
         check=True,

@@ -9,7 +9,7 @@ SIGSTOPped for 2.5 s (the second takes the lock when the lease lapses), then SIG
 run 1.5 s more. Counted in the list's own (server) order: the frozen worker's entries after the
 successor's first entry, which are writes accepted after its lock was lost, interleaved with the
 successor's. The feature columns are what each library offers as documented (elector's are
-tested in tests/test_sync*.py, tests/test_api*.py).
+tested in tests/library/).
 """
 
 from __future__ import annotations

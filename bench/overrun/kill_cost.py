@@ -6,7 +6,7 @@ The stop must come from something that needs no Python thread of the process (a 
 the GIL past the lease). Two candidates, both armed at each renewal's validity end (plus the
 grace) from the election's outcome:
 
-* `timer`: a POSIX timer of the process whose notification is SIGKILL (elector/kill_timer.py),
+* `timer`: a POSIX timer of the process whose notification is SIGKILL (elector/library/_kill_timer.py),
   as `on_overrun="exit"` ships it (with its guard thread);
 * `process`: a watchdog process (bench/overrun/watchdog.py, modelled on exec mode's keeper: a bare
   `python -I -S` interpreter with PR_SET_PDEATHSIG) fed one line per renewal on a pipe.

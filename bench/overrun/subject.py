@@ -5,7 +5,7 @@
     python -m bench.overrun.subject rearm VARIANT COUNT
 
 VARIANT: `none` (on_overrun="withhold": nothing armed, the baseline), `timer` (on_overrun="exit":
-the kernel timer, elector/kill_timer.py, and the guard thread), `process` (on_overrun="withhold"
+the kernel timer, elector/library/_kill_timer.py, and the guard thread), `process` (on_overrun="withhold"
 plus the watchdog process of bench/overrun/watchdog.py, armed at each renewal's validity end as
 the timer is, from the same place: the election's outcome).
 
@@ -30,8 +30,8 @@ import elector.sync
 from bench.overrun.watchdog import WatchdogProcess
 from elector.election import CycleOutcome
 from elector.election.clock import boottime
-from elector.kill_timer import KillTimer
-from elector.sync_overrun import kill_grace_s
+from elector.library._kill_timer import KillTimer
+from elector.library._sync_overrun import kill_grace_s
 
 FAR_S = 600.0
 

@@ -8,7 +8,7 @@ pipe, one line each, CLOCK_BOOTTIME seconds (`0` disarms). When the latest deadl
 SIGKILLs its parent, if its parent is still PARENT_PID. It needs nothing of the parent's threads:
 the parent only writes a line at each renewal. `WatchdogProcess` is the parent's side.
 
-Not used by the library: the kernel timer (elector/kill_timer.py) won (docs/benchmarks.md).
+Not used by the library: the kernel timer (elector/library/_kill_timer.py) won (docs/benchmarks.md).
 """
 
 from __future__ import annotations

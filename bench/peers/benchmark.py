@@ -11,7 +11,7 @@ Per system, three candidates:
   leader, timed to the next CMD's journal line; the killed one's orphaned CMD is killed and the
   candidate restarted as a waiter. The systems' crash trials run at the same time (one thread
   each): they mostly wait for leases to run out, and so the module stays within 8 minutes.
-- graceful trials: SIGTERM to the leader candidate (etcd: to its CMD, see peer_systems.py),
+- graceful trials: SIGTERM to the leader candidate (etcd: to its CMD, see systems.py),
   timed from right before os.kill to the new leader's CMD journal line; one system at a time,
   round-robin (one trial of each system per round, then one spawn-floor sample), so that the
   load of a shared machine, which swings over minutes, falls on every system alike.

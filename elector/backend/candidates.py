@@ -1,6 +1,6 @@
 """Replies of the candidate-registry and handoff scripts, translated into domain values.
 
-The scripts (see scripts.py) already skip garbage entries and normalise the handoff value, so
+The scripts (see lua/lease.py) already skip garbage entries and normalise the handoff value, so
 a reply that does not have the documented shape means the server is not running our script:
 it is reported as a DATA error, never guessed at.
 """

@@ -84,7 +84,7 @@ class RedisSettings:
     #: `url` names one node of a Redis Cluster (the lease lives on the master of its lock's slot).
     cluster: bool = False
     #: Redlock: the URLs of N >= 3 (odd) independent servers; when set, `url` is not used and each
-    #: server is reached with these settings and its own URL (see backend/redlock.py).
+    #: server is reached with these settings and its own URL (see backend/topologies/redlock.py).
     redlock_urls: tuple[str, ...] = ()
 
     @property

@@ -109,7 +109,7 @@ class RedisLeaseBackend:
         self._request_handoff = registered_script(client, scripts.REQUEST_HANDOFF)
         self._candidates = registered_script(client, scripts.CANDIDATES)
         self._uncertain_token: str | None = None
-        #: What this contender has seen of the lock, for ACQUIRE (see scripts.py): the longest ttl
+        #: What this contender has seen of the lock, for ACQUIRE (see lua/lease.py): the longest ttl
         #: in use and the highest fencing token.
         self._ttls = protocol.TtlMemory()
         self._highest_token = 0

@@ -41,7 +41,12 @@ OPERATOR_REDIS = (
     REDIS_TLS_KEY,
 )
 OPERATOR_OPTIONS = (
-    LOCK.but(required=False, default="elector-operator", help="The operator replicas' own lock."),
+    LOCK.but(
+        required=False,
+        default=None,
+        help="The operator replicas' own lock (default: derived from what they watch, "
+        "elector-operator/namespaces/NS1.NS2 or elector-operator/cluster-wide).",
+    ),
     IDENTITY,
     TTL.but(help="The operator lease's time to live: a follower takes over within it."),
     Option("namespace", multiple=True, help="Watch LeaderElections in this namespace (repeat for several)."),

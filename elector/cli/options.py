@@ -407,6 +407,12 @@ RUN_OPTIONS = (
         "variable) to hold several locks in one daemon.",
     ),
     Option("locks_file", type=FILE, help="File of lock names, one per line (# comments), added to --lock."),
+    Option(
+        "predecessor_lock",
+        help="The name the previous release gave the lock (a rename under way): lead only while "
+        "holding it too, so that replicas of both releases exclude each other during a rolling "
+        "update or a rollback. One --lock only. Drop it once no replica of that release can return.",
+    ),
     IDENTITY,
     TTL,
     Option(

@@ -22,13 +22,15 @@ from elector.backend import RedisLeaseBackend
 from elector.backend.topologies.factory import LeaseConnections
 from elector.daemon.http_thread import PublishedStatus
 from elector.daemon.leader_file import LEADER_FILE_WAIT_S, LeaderFileWriter
-from elector.daemon.logs import OutcomeLogger, make_logger
+from elector.daemon.logs import make_logger
 from elector.daemon.many_locks import RenewalRounds, SharedTimers, StartGate, renew_grid_s
+from elector.daemon.predecessor import PredecessorLeaseBackend
 from elector.daemon.settings import Settings
 from elector.election import CycleOutcome, Election, ElectionHooks, ElectionStatus, State, StepDownReason
 from elector.election.clock import boottime
-from elector.lease import Holder, Lease
-from elector.metrics import ElectionMetrics, MetricFamilies
+from elector.lease import Holder, Lease, LeaseBackend
+from elector.telemetry.metrics import ElectionMetrics, MetricFamilies
+from elector.telemetry.outcome_log import OutcomeLogger
 
 #: Past a term's validity end, how long a step-down still waits for a leader file it could not
 #: update, seconds: the file's valid_until_ms was rounded down, this covers the wall clock being
@@ -81,7 +83,11 @@ class LockElection:
         #: The current term's validity end (election clock) and its wall-clock conversion, epoch ms.
         self._valid_until: float | None = None
         self._valid_until_ms: int | None = None
-        backend = daemon.redis.backend_for(lock)
+        backend: LeaseBackend = daemon.redis.backend_for(lock)
+        if settings.predecessor_lock is not None:
+            # A rename under way: one lease of both locks (predecessor.py); settings allow one lock.
+            predecessor = daemon.redis.backend_for(settings.predecessor_lock)
+            backend = PredecessorLeaseBackend(backend, predecessor=predecessor)
         # Named in the warning about a foreign value at the key (a Redlock lease has one per server).
         lease_key = backend.keys.lease if isinstance(backend, RedisLeaseBackend) else None
         self.log = make_logger("elector", context=self.log_context)

@@ -1,12 +1,12 @@
 """The `elector run` daemon: wires settings, Redis, the election, HTTP, metrics, logs and signals.
 
 One daemon may hold many locks (one `Election` each, sharing one Redis client); in exec mode it
-holds one and runs the leader's command (see exec_mode.py).
+holds one and runs the leader's command (see execmode/supervisor.py).
 
 Exit codes: 0 after a clean shutdown (the lease released); 1 on a fatal error (the HTTP port is
 taken, a task crashed) or when a second signal cut the shutdown short; 3 after losing leadership
 with `--exit-on-loss`; in exec mode with `--on-child-exit exit`, the command's own exit code.
-Invalid settings exit 2 before this module runs (see cli.py).
+Invalid settings exit 2 before this module runs (see cli/options.py).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from elector.daemon.testing_hooks import install_loop_block_hook
 from elector.election import CycleOutcome, Election, State
 from elector.election.clock import boottime
 from elector.lease import LeaseBackendError
-from elector.metrics import MetricFamilies, register_process_metrics
+from elector.telemetry.metrics import MetricFamilies, register_process_metrics
 
 EXIT_OK = 0
 EXIT_FATAL = 1
@@ -282,6 +282,7 @@ class Daemon:
             if settings.compat_http is None
             else f"{settings.compat_http.host}:{self.http.bound_port('compat')}",
             locks=len(settings.locks),
+            predecessor_lock=settings.predecessor_lock,
             ttl_ms=settings.timing.ttl_ms,
             renew_interval_ms=round(settings.timing.renew_interval_s * 1000),
             renew_deadline_ms=round(settings.timing.renew_deadline_s * 1000),

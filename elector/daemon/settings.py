@@ -40,7 +40,7 @@ from elector.lease import (
     check_ttl,
     default_identity,
 )
-from elector.metrics import METRICS_PER_LOCK_CHOICES, per_lock_metrics
+from elector.telemetry.metrics import METRICS_PER_LOCK_CHOICES, per_lock_metrics
 
 #: Longest --shutdown-linger: longer than any sane scrape interval, short of a stuck rollout.
 MAX_SHUTDOWN_LINGER_S = 300.0
@@ -152,10 +152,13 @@ class Settings:
     metrics_per_lock: str = "auto"
     #: --app-health-url and its timing: contend only while the app is healthy; None: off.
     app_health: AppHealthSettings | None = None
+    #: The name the previous release gave the (one) lock: it leads only while holding both
+    #: (daemon/predecessor.py). None: no rename under way.
+    predecessor_lock: str | None = None
 
     @property
     def per_lock_metrics(self) -> bool:
-        """Whether /metrics has series per lock, or aggregate ones (see elector/metrics.py)."""
+        """Whether /metrics has series per lock, or aggregate ones (see elector/telemetry/metrics.py)."""
         return per_lock_metrics(self.metrics_per_lock, locks=len(self.locks))
 
     @property
@@ -319,6 +322,7 @@ def build_settings(
     app_health_failures: int = 3,
     app_health_timeout: float | None = None,
     app_health_min_term: float | None = None,
+    predecessor_lock: str | None = None,
 ) -> Settings:
     """Assemble and check every setting; raises SettingsError naming the first bad one.
 
@@ -419,7 +423,29 @@ def build_settings(
         compat_http=compat_http,
         compat_api=compat_api,
         app_health=app_health,
+        predecessor_lock=_predecessor_lock(predecessor_lock, locks=locks),
     )
+
+
+def _predecessor_lock(name: str | None, *, locks: Sequence[str]) -> str | None:
+    if name is None or not name.strip():
+        return None
+    try:
+        check_lock_name(name)
+    except InvalidValueError as exc:
+        raise SettingsError("predecessor_lock", str(exc)) from None
+    if len(locks) != 1:
+        # Which lock would it precede? Each renamed lock needs a daemon (or an exec mode) of its own.
+        raise SettingsError(
+            "predecessor_lock",
+            f"names the previous name of one lock, but {len(locks)} locks were given; run one daemon "
+            "per renamed lock",
+        )
+    if name == locks[0]:
+        raise SettingsError(
+            "predecessor_lock", f"{name!r} is --lock itself; name the lock the previous release used"
+        )
+    return name
 
 
 def _compat_http(address: str | None, *, http: HttpSettings, locks: int) -> HttpSettings | None:

@@ -37,8 +37,8 @@ from typing import Any, Literal, NoReturn, TypedDict, Unpack, get_args
 
 import kopf
 
-from elector.api import Elector, ElectorConfigError, Leadership, LeadershipLost
 from elector.kube.kopf_thread import KopfThread, term_settings
+from elector.library.elector import Elector, ElectorConfigError, Leadership, LeadershipLost
 
 logger = logging.getLogger(__name__)
 

@@ -33,9 +33,10 @@ from prometheus_client import CollectorRegistry
 
 from elector.backend import RedisLeaseBackend, RedisSettings, make_client
 from elector.backend.lua.lease import LockKeys
-from elector.daemon.logs import LogSettings, OutcomeLogger, configure_logging, make_logger
+from elector.daemon.logs import LogSettings, configure_logging, make_logger
 from elector.election import Election, ElectionHooks, ElectionTiming
-from elector.metrics import ElectionMetrics
+from elector.telemetry.metrics import ElectionMetrics
+from elector.telemetry.outcome_log import OutcomeLogger
 from tests.support.lateness import loop_lateness
 from tests.support.seed import seed_used_lock_async
 from tests.support.waiting import until

@@ -16,6 +16,7 @@ from elector.lease import BackendErrorKind, Granted, Renewed
 from elector.testing.redis_server import RedisServerProcess
 from tests.support.daemon import DaemonProcess, wait_until
 from tests.support.seed import seed_used_lock, seed_used_lock_async
+from tests.support.tiers import REDIS, needs
 
 ACK = ReplicaAck(replicas=1, timeout_ms=150)
 #: For the steps that must succeed: a busy 2-core CI machine can take longer than 150 ms to get
@@ -24,6 +25,7 @@ GENEROUS = ReplicaAck(replicas=1, timeout_ms=600)
 
 
 @pytest.fixture
+@needs(REDIS)
 def replicated() -> Iterator[tuple[RedisServerProcess, RedisServerProcess]]:
     """A master and one replica linked by REPLICAOF (the link is up before the test starts)."""
     # No diskless-sync delay (5 s by default): the replica links at once.

@@ -308,7 +308,7 @@ def previous_scripts() -> types.SimpleNamespace:
     """The Lua scripts of the previous release, from git history (no venv needed)."""
     try:
         source = subprocess.run(
-            # The previous release's path: the scripts were elector/backend/scripts.py then.
+            # The previous release's path: PREVIOUS_RELEASE:elector/backend/scripts.py.
             ["git", "show", f"{PREVIOUS_RELEASE}:elector/backend/scripts.py"],
             cwd=REPO,
             check=True,

@@ -20,8 +20,8 @@ PASSWORD = "s3cr3t-Tls-pw"
 
 
 @pytest.fixture
-def tls_redis(tmp_path: Path) -> Iterator[TlsRedis]:
-    with TlsRedis(tmp_path / "tls") as server:
+def tls_redis(tmp_path: Path, tls_redis_binary: str) -> Iterator[TlsRedis]:
+    with TlsRedis(tmp_path / "tls", binary=tls_redis_binary) as server:
         yield server
 
 
@@ -135,8 +135,8 @@ async def test_acl_user_with_only_the_lease_rights(redis_server: RedisServerProc
     assert PASSWORD not in str(info.value)
 
 
-def test_daemon_over_tls_with_acl_user_and_password_file(tmp_path: Path) -> None:
-    with TlsRedis(tmp_path / "tls") as server:
+def test_daemon_over_tls_with_acl_user_and_password_file(tmp_path: Path, tls_redis_binary: str) -> None:
+    with TlsRedis(tmp_path / "tls", binary=tls_redis_binary) as server:
         admin = redis.Redis(port=server.server.port)
         acl = ("ACL", "SETUSER", "elector", "on", f">{PASSWORD}", "~*", "&*", "+@all")
         admin.execute_command(*acl)  # type: ignore[no-untyped-call]

@@ -41,6 +41,7 @@ def test_each_benchmark_lives_in_the_subpackage_of_what_it_measures() -> None:
         "peers": "bench/peers/benchmark.py",
         "library_peers": "bench/library_peers/benchmark.py",
         "overrun_kill": "bench/overrun/kill_cost.py",
+        "operator_api_calls": "bench/kube_operator/api_calls.py",
     }
 
 

@@ -28,8 +28,6 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "topologies.md"
 ELECTOR = str(Path(sys.executable).with_name("elector"))
 PASSWORDS = {"team-a": "secret-of-a", "team-b": "secret-of-b"}
 
-pytestmark = pytest.mark.integration
-
 
 def recipe() -> str:
     text = DOC.read_text()
@@ -51,8 +49,8 @@ def url(server: RedisServerProcess, namespace: str) -> str:
 
 
 @pytest.fixture
-def server() -> Iterator[RedisServerProcess]:
-    with RedisServerProcess() as process:
+def server(redis_binary: str) -> Iterator[RedisServerProcess]:
+    with RedisServerProcess(binary=redis_binary) as process:
         admin = redis.Redis(port=process.port)
         for namespace in PASSWORDS:
             admin.execute_command("ACL", "SETUSER", *setuser_args(namespace, admin))

@@ -15,8 +15,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 TTL_MS = 1000
 
-pytestmark = pytest.mark.integration
-
 
 def _pid_gone(pid: int) -> bool:
     """True when the process no longer exists or is a zombie (dead, waiting to be reaped)."""
@@ -42,10 +40,11 @@ def _live_processes_with(*needles: bytes) -> list[tuple[int, str]]:
     return found
 
 
-def _run_demo() -> tuple[int, str]:
+def _run_demo(redis_binary: str) -> tuple[int, str]:
     env = {key: value for key, value in os.environ.items() if key != "ELECTOR_DEMO_KEEP_LOGS"}
     env["PYTHONUNBUFFERED"] = "1"
     command = [sys.executable, "-m", "elector", "demo", "--ttl", "1s", "--rounds", "2", "--replicas", "3"]
+    command += ["--redis-server", redis_binary]
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO
     )
@@ -63,9 +62,9 @@ def _run_demo() -> tuple[int, str]:
     return process.returncode, output
 
 
-def test_demo_shows_two_takeovers_and_cleans_up() -> None:
+def test_demo_shows_two_takeovers_and_cleans_up(redis_binary: str) -> None:
     started = time.monotonic()
-    returncode, output = _run_demo()
+    returncode, output = _run_demo(redis_binary)
     assert returncode == 0, output
     assert time.monotonic() - started < 40, output
 

@@ -1,7 +1,7 @@
 """Hostile and mistaken input: every bad flag, variable or URL exits 2 naming the setting.
 
 One table drives `elector run`, `elector status` and `elector handoff` through click's runner
-(the daemon is replaced, as in test_cli.py: nothing may start); a few rows run the installed
+(the daemon is replaced, as in test_main.py: nothing may start); a few rows run the installed
 console script in a subprocess to check the real exit code and stderr. Every row runs with a
 password in the environment's Redis URL, so no message may ever show it. The rows complement
 tests/cli/test_main.py (which covers the basic timing and lock-name errors): here are the variable

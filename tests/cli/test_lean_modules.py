@@ -124,11 +124,11 @@ def packages(modules: set[str], *names: str) -> set[str]:
 
 
 def test_a_plain_daemon_loads_neither_aiohttp_nor_kopf_and_has_the_real_ssl(
-    tmp_path: Path, gateway: str
+    tmp_path: Path, gateway: str, redis_binary: str
 ) -> None:
     """No stand-in modules: ssl is the real one, plain HTTP through urllib and push_to_gateway
     works inside the daemon (0.2.0 raised TLSNotLoaded there on Python 3.12+)."""
-    with RedisServerProcess() as server:
+    with RedisServerProcess(binary=redis_binary) as server:
         client = redis.Redis(port=server.port)
         seed_used_lock(client)
         client.close()
@@ -140,8 +140,10 @@ def test_a_plain_daemon_loads_neither_aiohttp_nor_kopf_and_has_the_real_ssl(
     assert_real_ssl(facts)
 
 
-def test_a_rediss_daemon_leads_over_tls_with_the_real_ssl(tmp_path: Path, gateway: str) -> None:
-    with TlsRedis(tmp_path / "tls") as server:
+def test_a_rediss_daemon_leads_over_tls_with_the_real_ssl(
+    tmp_path: Path, gateway: str, tls_redis_binary: str
+) -> None:
+    with TlsRedis(tmp_path / "tls", binary=tls_redis_binary) as server:
         admin = redis.Redis(port=server.server.port)
         seed_used_lock(admin)
         admin.close()

@@ -28,7 +28,7 @@ import elector
 from elector._version import __version__
 from elector.backend.protocol import PROTOCOL
 from elector.cli.main import cli
-from elector.metrics import register_process_metrics
+from elector.telemetry.metrics import register_process_metrics
 from elector.testing.redis_server import free_tcp_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,6 +110,9 @@ def test_a_running_daemon_logs_and_exports_its_version(tmp_path: Path) -> None:
             except OSError:
                 time.sleep(0.05)
         assert f'version="{__version__}"' in metrics, log.read_text()
+        # /metrics may answer before the `started` line is written: wait for it (same hang bound).
+        while time.monotonic() < deadline and '"event": "started"' not in log.read_text():
+            time.sleep(0.05)
         started = [line for line in log.read_text().splitlines() if '"event": "started"' in line]
         assert len(started) == 1, log.read_text()
         assert f'"version": "{__version__}"' in started[0], started[0]

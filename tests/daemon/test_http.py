@@ -19,7 +19,7 @@ from elector.daemon.http import (
 from elector.daemon.http_compat import make_compat_app
 from elector.election.outcome import CycleOutcome, OutcomeKind, State
 from elector.lease import Holder
-from elector.metrics import ElectionMetrics
+from elector.telemetry.metrics import ElectionMetrics
 from tests.support.fake_status import FakeStatus as SharedFakeStatus
 
 ME = Holder(identity="pod-a", fencing_token=7)

@@ -30,8 +30,6 @@ from tests.support.daemon import DaemonProcess
 from tests.support.seed import seed_used_lock
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.integration]
-
 TTL_S = 2.0
 ATTACK_S = 3.0
 LOCK = "jobs"

@@ -31,6 +31,7 @@ from elector.daemon.http import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS
 from elector.testing.redis_server import RedisServerProcess
 from tests.support.daemon import DaemonProcess, wait_until
 from tests.support.seed import seed_used_lock
+from tests.support.tiers import REDIS, needs
 
 LOCK = "fuzz"
 KEYS = LockKeys(LOCK)
@@ -73,6 +74,7 @@ class Lease:
 
 
 @pytest.fixture(scope="module")
+@needs(REDIS)
 def lease(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lease]:
     with RedisServerProcess() as server:
         client = redis.Redis(port=server.port)

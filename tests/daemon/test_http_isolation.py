@@ -30,6 +30,7 @@ from elector.daemon.settings import build_settings
 from elector.election import CycleOutcome, OutcomeKind
 from elector.testing.redis_server import RedisServerProcess
 from tests.support.seed import seed_used_lock
+from tests.support.tiers import REDIS, needs
 from tests.support.waiting import until
 
 TTL_S = 2.0
@@ -49,6 +50,7 @@ class Running:
 
 
 @pytest.fixture
+@needs(REDIS)
 async def running() -> AsyncIterator[Running]:
     with RedisServerProcess() as server:
         client = redis.Redis(port=server.port)

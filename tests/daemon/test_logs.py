@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from elector.daemon.logs import LogSettings, OutcomeLogger, configure_logging, make_logger
+from elector.daemon.logs import LogSettings, configure_logging, make_logger
 from elector.election.outcome import CycleOutcome, OutcomeKind, State, StepDownReason
 from elector.lease import Holder
+from elector.telemetry.outcome_log import OutcomeLogger
 
 ME = Holder(identity="pod-a", fencing_token=7)
 OTHER = Holder(identity="pod-b", fencing_token=8)

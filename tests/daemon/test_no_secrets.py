@@ -27,6 +27,7 @@ from elector.lease import Granted
 from elector.testing.redis_server import RedisServerProcess, free_tcp_port
 from tests.support.daemon import DaemonProcess, wait_until
 from tests.support.seed import seed_used_lock, seed_used_lock_async
+from tests.support.tiers import REDIS, needs
 
 PASSWORD = "Sup3r-s3cret-pw"
 WRONG = "wr0ng-s3cret-pw"
@@ -34,6 +35,7 @@ LOCK = "jobs"
 
 
 @pytest.fixture
+@needs(REDIS)
 def protected() -> Iterator[RedisServerProcess]:
     # Protected after start: RedisServerProcess checks that the server is up with a bare PING.
     with RedisServerProcess() as server:

@@ -26,7 +26,7 @@ from elector.daemon.leader_file_check import LeaderFileUnusable, judge_leader_fi
 from elector.daemon.service import Daemon, LockElection
 from elector.daemon.settings import SettingsError, build_settings
 from elector.election import ElectionTiming, StepDownReason
-from elector.metrics import MetricFamilies
+from elector.telemetry.metrics import MetricFamilies
 from elector.testing.redis_server import RedisServerProcess, free_tcp_port
 from tests.support.daemon import DaemonProcess, wait_until
 from tests.support.lateness import thread_lateness
@@ -291,8 +291,8 @@ def test_the_http_port_in_use_is_a_clear_fatal_error(daemon, seeded, tmp_path: P
         clash.stop()
 
 
-def test_password_never_appears_in_logs_or_http(tmp_path: Path) -> None:
-    with RedisServerProcess() as server:
+def test_password_never_appears_in_logs_or_http(tmp_path: Path, redis_binary: str) -> None:
+    with RedisServerProcess(binary=redis_binary) as server:
         redis.Redis(port=server.port).config_set("requirepass", "hunter2-secret")
         password_file = tmp_path / "pw"
         password_file.write_text("hunter2-secret\n")

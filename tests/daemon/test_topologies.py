@@ -21,7 +21,7 @@ from elector.testing.redis_server import RedisServerProcess
 from tests.support.cluster import LocalCluster
 from tests.support.daemon import DaemonProcess, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+pytestmark = pytest.mark.timeout(90)
 
 
 @contextlib.contextmanager
@@ -56,8 +56,8 @@ def _handover(group: list[DaemonProcess]) -> tuple[int, int]:
     return first_token, int(second_view["fencing_token"])
 
 
-def test_daemons_on_a_redlock_set_hand_over_with_a_higher_token(tmp_path: Path) -> None:
-    servers = [RedisServerProcess().start() for _ in range(3)]
+def test_daemons_on_a_redlock_set_hand_over_with_a_higher_token(tmp_path: Path, redis_binary: str) -> None:
+    servers = [RedisServerProcess(binary=redis_binary).start() for _ in range(3)]
     try:
         urls = [arg for s in servers for arg in ("--redlock-url", s.url)]
         group = [
@@ -83,8 +83,8 @@ def test_daemons_on_a_redlock_set_hand_over_with_a_higher_token(tmp_path: Path) 
             server.stop()
 
 
-def test_daemons_on_a_redis_cluster_hand_over_with_a_higher_token(tmp_path: Path) -> None:
-    with LocalCluster(masters=3) as cluster:
+def test_daemons_on_a_redis_cluster_hand_over_with_a_higher_token(tmp_path: Path, redis_binary: str) -> None:
+    with LocalCluster(masters=3, binary=redis_binary) as cluster:
         group = [
             DaemonProcess(
                 redis_url=cluster.startup_url,

@@ -70,7 +70,7 @@ def main() -> None:
 
     import redis.asyncio
 
-    from elector.fencing import FencedStore
+    from elector.library.fencing import FencedStore
 
     interval_s = float(os.environ.get("FAULTS_WRITE_INTERVAL_S", "0.05"))
 

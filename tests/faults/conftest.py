@@ -56,7 +56,7 @@ def profile(request: pytest.FixtureRequest) -> Profile:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
+def cluster(tmp_path: Path, redis_binary: str) -> Iterator[Cluster]:
     """Three daemons on a fresh lock Redis, a leader's child running; stopped and checked after."""
-    with Cluster(tmp_path / "run", ttl_s=2.0) as running:
+    with Cluster(tmp_path / "run", ttl_s=2.0, redis_binary=redis_binary) as running:
         yield running

@@ -128,6 +128,7 @@ class Node:
         *,
         program: tuple[str, ...] | None = None,
         options: tuple[str, ...] = (),
+        lock: str = LOCK,
     ) -> None:
         self.slot = slot
         self.identity = f"n{slot}-{generation}"
@@ -150,7 +151,7 @@ class Node:
             redis_url=url,
             identity=self.identity,
             log_dir=cluster.logs,
-            lock=LOCK,
+            lock=lock,
             ttl=f"{round(cluster.ttl_s * 1000)}ms",
             extra_args=(*options, "--", *child),
             # Armed in every daemon of the suite: the `block_loop` fault stalls one for 2 ttl.
@@ -185,6 +186,7 @@ class Cluster:
         size: int = 3,
         sentinel: SentinelSet | None = None,
         options_of: Callable[[int], tuple[str, ...]] = lambda slot: (),
+        redis_binary: str | None = None,
     ) -> None:
         """`options_of(slot)`: `elector run` options of every node in that slot (1..size)."""
         self.directory = directory
@@ -195,8 +197,8 @@ class Cluster:
         self.size = size
         self.sentinel = sentinel  # started by the caller; then there is no lock_redis of our own
         self.journal = Journal(directory / HARNESS_JOURNAL)
-        self.lock_redis = RedisServerProcess()
-        self.resource = RedisServerProcess()
+        self.lock_redis = RedisServerProcess(binary=redis_binary)
+        self.resource = RedisServerProcess(binary=redis_binary)
         self.proxies = ProxyLoop()
         self.nodes: list[Node] = []
         self.retired: list[Node] = []
@@ -241,14 +243,19 @@ class Cluster:
         return max(1.5, self.ttl_s)
 
     def add_node(
-        self, *, wait: bool = True, program: tuple[str, ...] | None = None, options: tuple[str, ...] = ()
+        self,
+        *,
+        wait: bool = True,
+        program: tuple[str, ...] | None = None,
+        options: tuple[str, ...] = (),
+        lock: str = LOCK,
     ) -> Node:
         """Start one more replica; `program` replaces `python -m elector` (e.g. an older release's),
-        `options` go to `elector run` before the command."""
+        `options` go to `elector run` before the command, `lock` is its --lock."""
         self._generation += 1
         used = {node.slot for node in self.nodes}
         slot = next(i for i in range(1, len(self.nodes) + 2) if i not in used)
-        node = Node(self, slot, self._generation, program=program, options=options)
+        node = Node(self, slot, self._generation, program=program, options=options, lock=lock)
         node.daemon.start()
         self.nodes.append(node)
         if wait:
@@ -404,3 +411,25 @@ class Cluster:
     def followers(self) -> list[Node]:
         found = self.leader()
         return [n for n in self.nodes if found is None or n is not found[0]]
+
+
+def wait_ready(node: Node, *, timeout_s: float = 20.0) -> None:
+    """/readyz 200: what a Deployment waits for before it terminates the next old pod."""
+    deadline = time.monotonic() + timeout_s
+    while node.daemon.get("/readyz")[0] != 200:
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"new pod {node.identity} not ready within {timeout_s}s:\n{node.daemon.logs_text()[-3000:]}"
+            )
+        time.sleep(0.05)
+
+
+def terminate(cluster: Cluster, node: Node, *, leader_child: int | None, takeover_timeout_s: float) -> None:
+    """A Deployment's termination of a replaced pod: SIGTERM (the daemon must exit 0), and, when the
+    pod led (`leader_child`: its child's pid), wait until another replica's child runs."""
+    node.daemon.signal(signal.SIGTERM)
+    code = node.daemon.wait(timeout_s=15)
+    assert code == 0, node.daemon.logs_text()[-3000:]
+    cluster.retire(node)
+    if leader_child is not None:
+        cluster.wait_for_leader(timeout_s=takeover_timeout_s, not_pid=leader_child)

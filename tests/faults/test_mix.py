@@ -23,8 +23,6 @@ from .harness import Cluster
 from .http_faults import HTTP_ATTACK, HttpAttacks
 from .summary import format_summary
 
-pytestmark = [pytest.mark.integration]
-
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """The Sentinel-backed mix runs in the soak only: its failovers are in the short profile's
@@ -113,7 +111,7 @@ def inject(cluster: Cluster, kind: str, rng: random.Random) -> faults.Injected |
 
 
 def test_random_mix_of_faults_never_gives_two_leaders(
-    profile: Profile, tmp_path: Path, request: pytest.FixtureRequest, backend: str
+    profile: Profile, tmp_path: Path, request: pytest.FixtureRequest, backend: str, redis_binary: str
 ) -> None:
     seed = profile.seed if profile.seed is not None else random.randrange(2**32)
     rng = random.Random(seed)
@@ -123,9 +121,17 @@ def test_random_mix_of_faults_never_gives_two_leaders(
     directory = tmp_path / "run"
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
-        sentinel = stack.enter_context(SentinelSet(replicas=2)) if backend == "sentinel" else None
+        sentinel = None
+        if backend == "sentinel":
+            sentinel = stack.enter_context(SentinelSet(replicas=2, binary=redis_binary))
         cluster = stack.enter_context(
-            Cluster(directory, ttl_s=profile.ttl_s, sentinel=sentinel, options_of=node_options)
+            Cluster(
+                directory,
+                ttl_s=profile.ttl_s,
+                sentinel=sentinel,
+                options_of=node_options,
+                redis_binary=redis_binary,
+            )
         )
         deadline = time.monotonic() + mix_s
         orphans: list[tuple[str, list[int]]] = []

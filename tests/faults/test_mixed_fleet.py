@@ -46,10 +46,10 @@ from tests.support.seed import seed_used_lock
 from . import faults
 from .checker import Report, Term, check
 from .conftest import SUMMARIES
-from .harness import LOCK, Cluster, Node
+from .harness import LOCK, Cluster, Node, terminate, wait_ready
 
 # A hang guard, not a budget: a run takes 25-60 s on 2 busy cores (build, faults, rollout, stop).
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = pytest.mark.timeout(240)
 
 TTL_S = 2.0
 OLD, NEW = "old", "new"
@@ -247,17 +247,6 @@ def _inject(cluster: MixedFleet, kind: str, *, count: int) -> None:
     cluster.wait_for_leader(timeout_s=TAKEOVER_TIMEOUT_S, not_pid=child)
 
 
-def _wait_ready(node: Node, *, timeout_s: float = 20.0) -> None:
-    """/readyz 200: what a Deployment waits for before it terminates the next old pod."""
-    deadline = time.monotonic() + timeout_s
-    while node.daemon.get("/readyz")[0] != 200:
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"new pod {node.identity} not ready within {timeout_s}s:\n{node.daemon.logs_text()[-3000:]}"
-            )
-        time.sleep(0.05)
-
-
 def _roll(cluster: MixedFleet) -> None:
     """Replace every old pod as a Deployment does: new pod up and ready, then SIGTERM an old one.
 
@@ -266,7 +255,7 @@ def _roll(cluster: MixedFleet) -> None:
     rolled_a_leader = False
     while cluster.live(OLD):
         new = cluster.add_node(release=NEW)
-        _wait_ready(new)
+        wait_ready(new)
         leader, child = cluster.wait_for_leader(timeout_s=TAKEOVER_TIMEOUT_S)
         olds = cluster.live(OLD)
         if not rolled_a_leader and leader not in olds:
@@ -277,12 +266,9 @@ def _roll(cluster: MixedFleet) -> None:
         leading = old is leader
         rolled_a_leader = rolled_a_leader or leading
         _record_fault(cluster, "rollout", node=old, child_pid=child if leading else None, takeover=leading)
-        old.daemon.signal(signal.SIGTERM)
-        code = old.daemon.wait(timeout_s=15)
-        assert code == 0, old.daemon.logs_text()[-3000:]
-        cluster.retire(old)
-        if leading:
-            cluster.wait_for_leader(timeout_s=TAKEOVER_TIMEOUT_S, not_pid=child)
+        terminate(
+            cluster, old, leader_child=child if leading else None, takeover_timeout_s=TAKEOVER_TIMEOUT_S
+        )
         time.sleep(0.3 * TTL_S)
 
 

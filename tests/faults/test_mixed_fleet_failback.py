@@ -26,8 +26,6 @@ from tests.support.tcp_proxy import TcpProxy
 from .checker import check
 from .harness import LOCK, Cluster, Node
 
-pytestmark = [pytest.mark.integration]
-
 #: The daemons' log events (and their fields) that tell the story of a failure.
 STORY_EVENTS = frozenset({"acquired", "released", "stepped_down", "quiet_period", "new_leader_observed"})
 STORY_FIELDS = ("reason", "remaining_ms", "holder", "fencing_token")

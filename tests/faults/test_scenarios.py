@@ -22,7 +22,7 @@ from . import faults
 from .checker import Report, check
 from .harness import CHILD, RESOURCE_KEY, Cluster, Node
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.timeout(60)
 
 TTL_S = 2.0
 TIMING = ElectionTiming.from_ttl(TTL_S)
@@ -182,12 +182,15 @@ def test_the_daemon_alone_killed_frozen_or_stalled_leaves_no_command_beside_the_
 
 @pytest.mark.parametrize("policy", ["release", "restart"])
 def test_a_keeper_killed_alone_then_its_daemon_frozen_leaves_no_command_beside_the_successor(
-    tmp_path: Path, policy: str
+    tmp_path: Path, policy: str, redis_binary: str
 ) -> None:
     # Two faults: nothing of elector can act after the first but the command's death signal
     # (PR_SET_PDEATHSIG towards its keeper); before, the command ran on beside the successor.
     with Cluster(
-        tmp_path / "run", ttl_s=TTL_S, options_of=lambda slot: ("--on-child-exit", policy)
+        tmp_path / "run",
+        ttl_s=TTL_S,
+        options_of=lambda slot: ("--on-child-exit", policy),
+        redis_binary=redis_binary,
     ) as cluster:
         wait_for_writes(cluster)
         injected = faults.kill_keeper(cluster, then_pause_daemon_s=2 * TTL_S)
@@ -204,10 +207,13 @@ def test_a_keeper_killed_alone_then_its_daemon_frozen_leaves_no_command_beside_t
 
 
 def test_a_keeper_killed_alone_under_restart_has_its_command_killed_at_once_and_started_again(
-    tmp_path: Path,
+    tmp_path: Path, redis_binary: str
 ) -> None:
     with Cluster(
-        tmp_path / "run", ttl_s=TTL_S, options_of=lambda slot: ("--on-child-exit", "restart")
+        tmp_path / "run",
+        ttl_s=TTL_S,
+        options_of=lambda slot: ("--on-child-exit", "restart"),
+        redis_binary=redis_binary,
     ) as cluster:
         wait_for_writes(cluster)
         injected = faults.kill_keeper(cluster)

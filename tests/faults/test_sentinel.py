@@ -20,7 +20,7 @@ from . import faults
 from .harness import Cluster
 from .test_scenarios import TTL_S, judge
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+pytestmark = pytest.mark.timeout(90)
 
 
 @pytest.fixture

@@ -22,6 +22,8 @@ from chart_assembly import assemble_chart  # scripts/chart_assembly.py
 from helm_python import _native
 from helm_python.chart import Chart
 
+from tests.support.tiers import PROMETHEUS, needs
+
 CHART_DIR = Path(__file__).resolve().parents[2] / "helm" / "elector"
 LIBRARY_DIR = CHART_DIR.parent / "elector-sidecar"
 CRD_PATH = CHART_DIR.parent / "elector-operator" / "files" / "leaderelection-crd.yaml"
@@ -181,6 +183,7 @@ def validate_leader_election() -> Callable[[dict[str, Any]], None]:
 
 
 @pytest.fixture(scope="session")
+@needs(PROMETHEUS)
 def promtool() -> str:
     """The promtool binary (Debian's prometheus package), for the alerting rules' tests."""
     path = shutil.which("promtool")

@@ -3,11 +3,13 @@ real Helm engine (helm-python-sdk), picking documents, validating them against t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
 from typing import Any
 
+import celpy
 import kubernetes_validate
 import yaml
 from helm_python import _native
@@ -88,3 +90,55 @@ def validate_kubernetes(doc: Doc, versions: list[str] = KUBE_VERSIONS) -> None:
         if since and tuple(int(part) for part in version.split(".")[:2]) < since:
             continue
         kubernetes_validate.validate(doc, version, strict=True)
+
+
+# --- the CRD's CEL rules (x-kubernetes-validations), evaluated with cel-python ------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CelRule:
+    """One x-kubernetes-validations rule of the CRD, at its place in the schema (keys from the root)."""
+
+    path: tuple[str, ...]
+    rule: str
+    message: str
+    program: Any
+
+    def holds(self, value: Any) -> bool:
+        result = self.program.evaluate({"self": celpy.json_to_cel(value)})
+        if isinstance(result, celpy.CELEvalError):
+            raise AssertionError(f"rule at {'.'.join(self.path)} failed to evaluate: {result}")
+        return bool(result)
+
+
+def crd_cel_rules(crd: Doc) -> list[CelRule]:
+    """Every CEL rule of the served version's schema, compiled (a rule that does not compile fails here)."""
+    (version,) = [v for v in crd["spec"]["versions"] if v["served"]]
+    env = celpy.Environment()
+    rules: list[CelRule] = []
+
+    def walk(node: Doc, path: tuple[str, ...]) -> None:
+        for entry in node.get("x-kubernetes-validations") or []:
+            program = env.program(env.compile(entry["rule"]))
+            rules.append(CelRule(path, entry["rule"], entry["message"], program))
+        for key, child in (node.get("properties") or {}).items():
+            walk(child, (*path, key))
+
+    walk(version["schema"]["openAPIV3Schema"], ())
+    return rules
+
+
+def cel_violations(crd: Doc, obj: Doc) -> list[str]:
+    """The messages of the rules `obj` breaks, as the API server evaluates them: each rule where its field
+    is present (a rule of an absent optional field is not evaluated), on the object as given."""
+    failed = []
+    for rule in crd_cel_rules(crd):
+        value: Any = obj
+        for key in rule.path:
+            if not isinstance(value, dict) or key not in value:
+                break
+            value = value[key]
+        else:
+            if not rule.holds(value):
+                failed.append(f"{'.'.join(rule.path)}: {rule.message}")
+    return failed

@@ -118,6 +118,7 @@ def test_sidecar_defaults(render: Render) -> None:
         "POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},
         "ELECTOR_REDIS_URL": "redis://redis:6379/0",
         "ELECTOR_LOCK": "apps/demo-elector",
+        "ELECTOR_PREDECESSOR_LOCK": "demo-elector",  # chart 0.1.0's name of the lock
         "ELECTOR_TTL": "10s",
         "ELECTOR_HTTP_ADDRESS": "0.0.0.0:9809",
         "ELECTOR_LOG_FORMAT": "json",

@@ -92,6 +92,7 @@ def test_every_env_var_exists_in_run_help(render: Render, run_help: str) -> None
         "ELECTOR_MIN_REPLICAS_ACK",
         "ELECTOR_REPLICAS_ACK_TIMEOUT",
         "ELECTOR_COMPAT_HTTP_ADDRESS",
+        "ELECTOR_PREDECESSOR_LOCK",
     }
     assert elector_vars <= known, elector_vars - known
     # the only other variable is the identity, which the daemon reads from $POD_NAME
@@ -194,7 +195,6 @@ def start_sidecar(redis_url: str, tmp_path: Path) -> Iterator[Any]:
         process.stop()
 
 
-@pytest.mark.integration
 def test_rendered_sidecar_answers_its_probes(render: Render, redis_url: str, start_sidecar: Any) -> None:
     container = sidecar(render(OPTIONAL))
     lock = {e["name"]: e.get("value") for e in container["env"]}["ELECTOR_LOCK"]
@@ -213,7 +213,6 @@ def test_rendered_sidecar_answers_its_probes(render: Render, redis_url: str, sta
     assert b"demo-elector-0" in (client.get(LockKeys(lock).lease) or b"")
 
 
-@pytest.mark.integration
 def test_gated_readiness_makes_only_the_leader_ready(
     render: Render, redis_url: str, start_sidecar: Any
 ) -> None:
@@ -240,7 +239,6 @@ def kubelet_ready(sidecar: Sidecar, probe: dict[str, Any]) -> bool:
     return 200 <= status < 400
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize("outage", ["stopped", "killed"])
 def test_default_readiness_survives_a_redis_outage_of_three_ttls(
     render: Render, redis_server: RedisServerProcess, start_sidecar: Any, outage: str
@@ -289,7 +287,6 @@ def test_default_readiness_survives_a_redis_outage_of_three_ttls(
         time.sleep(0.05)
 
 
-@pytest.mark.integration
 def test_the_leader_service_follows_the_leader_on_a_real_pair(
     render: Render, redis_url: str, start_sidecar: Any
 ) -> None:
@@ -328,7 +325,6 @@ def test_the_leader_service_follows_the_leader_on_a_real_pair(
     assert holder() == "demo-elector-b"
 
 
-@pytest.mark.integration
 def test_the_helm_test_hook_passes_on_a_healthy_pair_and_fails_without_a_leader(
     render: Render, redis_server: RedisServerProcess, start_sidecar: Any
 ) -> None:
@@ -372,7 +368,6 @@ def test_the_helm_test_hook_passes_on_a_healthy_pair_and_fails_without_a_leader(
     assert "0 replicas report leading, expected exactly 1" in failed.stderr
 
 
-@pytest.mark.integration
 def test_rendered_leader_file_and_priority_reach_the_daemon(
     render: Render, redis_url: str, start_sidecar: Any, tmp_path: Path
 ) -> None:

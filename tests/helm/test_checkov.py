@@ -23,6 +23,7 @@ import yaml
 from helm_python.chart import Chart
 
 from tests.helm.operator_support import OPERATOR_CHART_DIR, render_operator
+from tests.support.tiers import CHECKOV, needs
 
 REPO = Path(__file__).resolve().parents[2]
 #: The first use builds checkov's virtualenv (2-4 min on a quiet machine, over 120 s on a loaded
@@ -34,6 +35,7 @@ SKIP = re.compile(r"^(CKV2?_K8S_\d+)=(.{20,})$")
 
 
 @pytest.fixture(scope="module")
+@needs(CHECKOV)
 def checkov() -> str:
     try:
         result = subprocess.run(

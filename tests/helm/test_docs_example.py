@@ -32,6 +32,7 @@ from helm_python.chart import Chart
 from elector.testing.redis_server import RedisServerProcess, free_tcp_port
 from tests.support.daemon import DaemonProcess, wait_until
 from tests.support.seed import seed_used_lock
+from tests.support.tiers import REDIS, needs
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "helm.md"
@@ -208,6 +209,7 @@ def test_the_cluster_install_holds_the_rules_and_the_dashboard_once(
 
 
 @pytest.fixture(scope="module")
+@needs(REDIS)
 def daemons(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DaemonProcess, DaemonProcess]]:
     log_dir = tmp_path_factory.mktemp("daemons")
     with RedisServerProcess() as server:

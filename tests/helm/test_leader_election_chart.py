@@ -182,8 +182,12 @@ def test_turnkey_releases_are_valid_kubernetes_and_fit_together(
     assert role["metadata"]["namespace"] == election["metadata"]["namespace"]
     (secrets,) = [rule for rule in role["rules"] if rule["resources"] == ["secrets"]]
     assert secrets["resourceNames"] == [election["spec"]["redis"]["passwordSecretRef"]["name"]]
-    (hook_role,) = [d for d in operator_docs if d["kind"] == "Role" and is_hook(d)]
-    assert hook_role["metadata"]["namespace"] == election["metadata"]["namespace"]  # uninstall deletes it
+    (hook_role,) = [
+        d
+        for d in operator_docs
+        if d["kind"] == "Role" and is_hook(d) and d["metadata"]["name"].endswith("-pre-delete")
+    ]
+    assert hook_role["metadata"]["namespace"] == election["metadata"]["namespace"]  # uninstall lets go of it
 
 
 def test_leader_election_refuses_a_socket_the_operator_cannot_reach(render: Render) -> None:

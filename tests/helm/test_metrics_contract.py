@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from elector.testing.redis_server import RedisServerProcess
 from tests.support.daemon import DaemonProcess, wait_until
 from tests.support.seed import seed_used_lock
+from tests.support.tiers import REDIS, needs
 
 FILES = Path(__file__).resolve().parents[2] / "helm" / "elector" / "files"
 TARGET_LABELS = {"namespace", "pod"}  # added by the ServiceMonitor/PodMonitor scrape, not the daemon
@@ -47,6 +48,7 @@ class Exported:
 
 
 @pytest.fixture(scope="module")
+@needs(REDIS)
 def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exported]:
     # The conftest's `redis_server` is function-scoped; one server and two daemons serve every test here.
     log_dir = tmp_path_factory.mktemp("daemons")

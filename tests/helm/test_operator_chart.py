@@ -22,6 +22,7 @@ from tests.helm.operator_support import (
     NAMESPACE,
     OPERATOR_CHART_DIR,
     Doc,
+    cel_violations,
     is_hook,
     notes,
     of_kind,
@@ -40,7 +41,7 @@ LEADER_ELECTIONS = {
     "verbs": ["list", "watch", "patch"],
 }
 STATUS = {"apiGroups": ["elector.io"], "resources": ["leaderelections/status"], "verbs": ["patch"]}
-PODS = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch"]}
+PODS = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "patch"]}
 SECRETS = {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}
 EVENTS = {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
 LEASES = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
@@ -133,6 +134,7 @@ def test_namespaced_operator_renders_minimal_objects() -> None:
     kinds = sorted(doc["kind"] for doc in docs)
     assert kinds == [
         "Deployment",
+        "NetworkPolicy",
         "PodDisruptionBudget",
         "Role",
         "Role",
@@ -157,8 +159,38 @@ def test_namespaced_operator_renders_minimal_objects() -> None:
     env = env_of(container)
     assert env["ELECTOR_NAMESPACE"] == "apps jobs"
     assert "ELECTOR_ALL_NAMESPACES" not in env
-    assert env["ELECTOR_LOCK"] == "elector-operator"
+    assert env["ELECTOR_LOCK"] == f"elector-operator/{NAMESPACE}/demo"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def _operator_lock(values: Doc, *, name: str, namespace: str) -> str:
+    rendered = operator_chart().render(values, name=name, namespace=namespace)
+    docs = [
+        d
+        for path, text in rendered.items()
+        if not path.endswith("NOTES.txt")
+        for d in yaml.safe_load_all(text)
+        if d
+    ]
+    (container,) = pod_spec(docs)["containers"]
+    lock: str = env_of(container)["ELECTOR_LOCK"]
+    return lock
+
+
+def test_each_release_has_its_own_operator_lock() -> None:
+    """Operator A (team-a's namespaces) held the one global lock "elector-operator", so operator B (for
+    apps) never led: no status, no labels. Each release's replicas share a lock; releases never do."""
+    team_a = _operator_lock({"namespaces": ["team-a"]}, name="ops", namespace="team-a-system")
+    apps = _operator_lock({"namespaces": ["apps"]}, name="ops", namespace="apps-system")
+    other_release = _operator_lock({"namespaces": ["jobs"]}, name="jobs-ops", namespace="apps-system")
+    assert len({team_a, apps, other_release}) == 3
+    assert team_a == "elector-operator/team-a-system/ops"
+    assert _operator_lock({}, name="ops", namespace="team-a-system") == team_a  # replicas, upgrades
+    assert _operator_lock({"lock": "shared"}, name="ops", namespace="x") == "shared"
+    # the longest release name and namespace still make a valid lock name (<= 200 characters)
+    longest = _operator_lock({}, name="r" * 53, namespace="n" * 63)
+    resource_lock = resource._LOCK_NAME  # the operator's own check of lock names
+    assert resource_lock.fullmatch(longest), longest
 
 
 def test_cluster_wide_operator_uses_one_cluster_role_and_reads_no_secret_by_default() -> None:
@@ -170,6 +202,7 @@ def test_cluster_wide_operator_uses_one_cluster_role_and_reads_no_secret_by_defa
         "ClusterRole",
         "ClusterRoleBinding",
         "Deployment",
+        "NetworkPolicy",
         "PodDisruptionBudget",
         "Service",
         "ServiceAccount",
@@ -486,8 +519,11 @@ SPECS_BOTH_REFUSE = [
 
 def _crd_accepts(crd: Doc, spec: Doc) -> bool:
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    # OpenAPI v3.0 (exclusiveMinimum as a boolean) is JSON Schema draft 4 in this respect.
-    return bool(jsonschema.Draft4Validator(schema).is_valid({"spec": spec}))
+    # OpenAPI v3.0 (exclusiveMinimum as a boolean) is JSON Schema draft 4 in this respect; then the CEL
+    # rules (x-kubernetes-validations), as the API server runs both.
+    return bool(jsonschema.Draft4Validator(schema).is_valid({"spec": spec})) and not cel_violations(
+        crd, {"spec": spec}
+    )
 
 
 def _operator_accepts(spec: Doc) -> bool:

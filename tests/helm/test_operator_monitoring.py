@@ -50,6 +50,25 @@ def test_monitors_render_only_where_the_cluster_serves_them(
     assert bool(of_kind(docs, "PrometheusRule")) is rendered
 
 
+def test_the_service_monitor_keeps_the_leader_elections_namespace_label() -> None:
+    """elector_lock_holder_info{namespace} names the LeaderElection's namespace; without honorLabels
+    Prometheus renamed it exported_namespace and put the operator's own namespace in its place."""
+    (endpoint,) = one(render_operator(ENABLED, api_versions=MONITORING), "ServiceMonitor")["spec"][
+        "endpoints"
+    ]
+    assert endpoint["honorLabels"] is True
+
+
+def test_the_operator_down_alert_is_tunable() -> None:
+    values = {
+        **ENABLED,
+        "prometheusRule": {"enabled": True, "operatorDownFor": "2m", "operatorDownSeverity": "critical"},
+    }
+    rule = one(render_operator(values, api_versions=MONITORING), "PrometheusRule")
+    (down,) = [r for g in rule["spec"]["groups"] for r in g["rules"] if r["alert"] == "ElectorOperatorDown"]
+    assert down["for"] == "2m" and down["labels"] == {"severity": "critical"}
+
+
 def test_the_service_monitor_selects_the_metrics_service() -> None:
     docs = render_operator(ENABLED, api_versions=MONITORING)
     monitor, service = one(docs, "ServiceMonitor"), one(docs, "Service")
@@ -61,17 +80,49 @@ UNIT_TESTS = """
 rule_files: [rules.yaml]
 evaluation_interval: 1m
 tests:
+  # ElectorOperatorDown: both replicas up, none leads from minute 10 (the operator's own Redis is gone):
+  # leader labels stand still. It fires within 2 minutes (it waited 5 before, on `up` alone: never here).
   - interval: 1m
     input_series:
       - series: 'up{job="demo-elector-operator-metrics", namespace="apps", pod="a"}'
-        values: '1x10 0x20'
+        values: '1x30'
       - series: 'up{job="demo-elector-operator-metrics", namespace="apps", pod="b"}'
-        values: '1x10 0x20'
+        values: '1x30'
+      - series: 'elector_operator_leader{job="demo-elector-operator-metrics", namespace="apps", pod="a"}'
+        values: '1x9 0x20'
+      - series: 'elector_operator_leader{job="demo-elector-operator-metrics", namespace="apps", pod="b"}'
+        values: '0x30'
     alert_rule_test:
       - {eval_time: 9m, alertname: ElectorOperatorDown, exp_alerts: []}
-      - eval_time: 20m
+      - {eval_time: 10m, alertname: ElectorOperatorDown, exp_alerts: []}
+      - eval_time: 12m
         alertname: ElectorOperatorDown
         exp_alerts: [{exp_labels: {severity: warning}}]
+  # every replica down (scrapes fail: the series go stale): fires within 2 minutes too
+  - interval: 1m
+    input_series:
+      - series: 'up{job="demo-elector-operator-metrics", namespace="apps", pod="a"}'
+        values: '1x9 0x20'
+      - series: 'elector_operator_leader{job="demo-elector-operator-metrics", namespace="apps", pod="a"}'
+        values: '1x9 stale'
+    alert_rule_test:
+      - {eval_time: 9m, alertname: ElectorOperatorDown, exp_alerts: []}
+      - eval_time: 12m
+        alertname: ElectorOperatorDown
+        exp_alerts: [{exp_labels: {severity: warning}}]
+  # a failover (a stops leading, b takes over one scrape later) and a rolling update: no page
+  - interval: 30s
+    input_series:
+      - series: 'elector_operator_leader{job="demo-elector-operator-metrics", namespace="apps", pod="a"}'
+        values: '1x10 0 0x10 stale'
+      - series: 'elector_operator_leader{job="demo-elector-operator-metrics", namespace="apps", pod="b"}'
+        values: '0x10 0 1x20'
+      - series: 'elector_operator_leader{job="demo-elector-operator-metrics", namespace="apps", pod="c"}'
+        values: '_x22 0x10'
+    alert_rule_test:
+      - {eval_time: 5m30s, alertname: ElectorOperatorDown, exp_alerts: []}
+      - {eval_time: 6m, alertname: ElectorOperatorDown, exp_alerts: []}
+      - {eval_time: 15m, alertname: ElectorOperatorDown, exp_alerts: []}
   - interval: 1m
     input_series:
       - series: 'elector_operator_reconcile_errors_total{job="demo-elector-operator-metrics", namespace="apps", pod="a", reason="redis"}'

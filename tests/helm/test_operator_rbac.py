@@ -6,7 +6,7 @@ The verbs are derived from the source of elector/kube/operator, not written down
   `_election_path(...)` with an optional "/status") gives the API group, the resource and whether it names
   one object; GET of a collection is `list`, of an object `get`, POST `create`, PUT `update`, PATCH `patch`;
 - every `kopf.daemon(GROUP, VERSION, PLURAL)` / `kopf.on.*` handler: kopf lists and watches its resource
-  and patches it (its finalizer);
+  and patches it (its finalizer); a `kopf.index(...)` only lists and watches (no finalizer, no progress);
 - `kopf.event(...)`: kopf creates a core v1 Event.
 
 Each (group, resource, verb) the code calls must be granted by the rendered Roles, and each rule the chart
@@ -82,6 +82,17 @@ def _permission(method: str, path: str) -> Permission:
     return group, name, verb
 
 
+#: What kopf does to the resource of a daemon or a kopf.on.* handler: watch it, keep its finalizer.
+VERBS_OF_HANDLER = ("list", "watch", "patch")
+
+
+def _name_value(node: ast.expr) -> str:
+    """A handler's group or plural: a string, or one of NAMES."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    return NAMES[ast.unparse(node)]
+
+
 def calls_in_code() -> set[Permission]:
     permissions: set[Permission] = set()
     for source in sorted(OPERATOR_SOURCE.glob("*.py")):
@@ -113,10 +124,10 @@ def calls_in_code() -> set[Permission]:
                 call = decorator if isinstance(decorator, ast.Call) else None
                 if call is None or not ast.unparse(call.func).startswith("kopf."):
                     continue
-                if len(call.args) == 3:  # kopf.daemon / kopf.on.*(group, version, plural)
-                    group = NAMES[ast.unparse(call.args[0])]
-                    plural = NAMES[ast.unparse(call.args[2])]
-                    permissions |= {(group, plural, verb) for verb in ("list", "watch", "patch")}
+                if len(call.args) == 3:  # kopf.daemon / kopf.on.* / kopf.index(group, version, plural)
+                    group, plural = (_name_value(call.args[i]) for i in (0, 2))
+                    verbs = ("list", "watch") if ast.unparse(call.func) == "kopf.index" else VERBS_OF_HANDLER
+                    permissions |= {(group, plural, verb) for verb in verbs}
     return permissions
 
 
@@ -139,6 +150,7 @@ def test_the_derivation_finds_the_operators_calls() -> None:
         ("elector.io", "leaderelections", "watch"),
         ("elector.io", "leaderelections/status", "patch"),
         ("", "pods", "list"),
+        ("", "pods", "watch"),
         ("", "pods", "patch"),
         ("", "secrets", "get"),
         ("", "events", "create"),

@@ -1,12 +1,14 @@
-"""Problem 3: `helm uninstall` of the elector-operator chart. A pre-delete hook deletes the LeaderElections
-the operator serves and waits until they are gone, while the operator still runs and removes kopf's finalizer.
+"""`helm uninstall` of the elector-operator chart. A pre-delete hook stops the operator, removes its
+finalizer from every LeaderElection it served (so that none hangs when deleted later), and deletes only the
+LeaderElections of its own release: other releases' (the elector chart's, another team's) stay.
 
 The hook's objects and their order are checked as rendered by the real Helm engine; the hook's script (the
-ConfigMap the Job runs) is run against a small fake API server that behaves like one with kopf's finalizer:
-a deleted LeaderElection first gets a deletionTimestamp, and disappears only once "the operator" let it go."""
+ConfigMap the Job runs) is run against a small fake API server that behaves like one with finalizers: a
+deleted LeaderElection first gets a deletionTimestamp, and disappears once its last finalizer is gone."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -19,8 +21,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import kopf
 import pytest
 
+from elector.kube.operator.handlers import configure_settings
 from tests.helm.operator_support import (
     NAMESPACE,
     OPERATOR_CHART_DIR,
@@ -70,7 +74,7 @@ def test_the_hook_runs_before_anything_is_deleted_and_its_rbac_before_its_job(cl
         assert meta["helm.sh/hook"] == "pre-delete"
         # ... are replaced on the next try, removed once every hook succeeded (a failed Job stays for logs)
         assert meta["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
-        assert doc["metadata"]["name"] == HOOK
+        assert doc["metadata"]["name"] in (HOOK, f"{HOOK}-stop")
     # the operator itself and its RBAC are ordinary release resources: Helm deletes them after the hooks ran
     release = [d for d in docs if not is_hook(d)]
     assert {"Deployment", "ServiceAccount"} <= {d["kind"] for d in release}
@@ -82,21 +86,39 @@ def test_the_hook_runs_before_anything_is_deleted_and_its_rbac_before_its_job(cl
         assert max(i for i, k in enumerate(order) if k == kind) < min(
             i for i, k in enumerate(order) if k == binding
         ), order
-    assert order.count(binding) == (1 if cluster_wide else 2)
+    # one per watched namespace (or one cluster-wide), and one to stop the operator in the release's
+    assert order.count(binding) == (1 if cluster_wide else 3)
+    assert order.count("RoleBinding") == (1 if cluster_wide else 3)
     for doc in docs:
         validate_kubernetes(doc)
 
 
 def test_the_hook_job_deletes_only_leader_elections_of_the_watched_namespaces() -> None:
     docs = render_operator({"namespaces": ["apps", "jobs"], "preDeleteHook": {"labelSelector": "team=a"}})
-    roles = [d for d in hooks(docs) if d["kind"] == "Role"]
+    roles = [d for d in hooks(docs) if d["kind"] == "Role" and d["metadata"]["name"] == HOOK]
     assert {r["metadata"]["namespace"] for r in roles} == {"apps", "jobs"}
     for role in roles:
         assert role["rules"] == [
-            {"apiGroups": ["elector.io"], "resources": ["leaderelections"], "verbs": ["list", "delete"]}
+            {
+                "apiGroups": ["elector.io"],
+                "resources": ["leaderelections"],
+                "verbs": ["get", "list", "patch", "delete"],
+            }
         ]
+    # to stop the operator: its own Deployment's scale only, and a look at its pods (release namespace)
+    stop = one([d for d in hooks(docs) if d["kind"] == "Role"], "Role", f"{HOOK}-stop")
+    assert stop["metadata"]["namespace"] == NAMESPACE
+    assert stop["rules"] == [
+        {
+            "apiGroups": ["apps"],
+            "resources": ["deployments/scale"],
+            "verbs": ["patch"],
+            "resourceNames": ["demo-elector-operator"],
+        },
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    ]
     for binding in [d for d in hooks(docs) if d["kind"] == "RoleBinding"]:
-        assert binding["roleRef"]["name"] == HOOK
+        assert binding["roleRef"]["name"] in (HOOK, f"{HOOK}-stop")
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": HOOK, "namespace": NAMESPACE}]
     job = one(docs, "Job")
     pod = job["spec"]["template"]["spec"]
@@ -104,6 +126,14 @@ def test_the_hook_job_deletes_only_leader_elections_of_the_watched_namespaces() 
     (container,) = pod["containers"]
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["NAMESPACES"] == "apps jobs" and env["LABEL_SELECTOR"] == "team=a"
+    assert (env["RELEASE"], env["RELEASE_NAMESPACE"]) == ("demo", NAMESPACE)
+    assert env["OPERATOR_DEPLOYMENT"] == one(docs, "Deployment")["metadata"]["name"]
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert dict(term.split("=") for term in env["OPERATOR_SELECTOR"].split(",")).items() <= pod_labels.items()
+    # the finalizer the operator's kopf puts on each LeaderElection
+    settings = kopf.OperatorSettings()
+    configure_settings(settings)
+    assert env["FINALIZER"] == settings.persistence.finalizer
     assert env["TIMEOUT_SECONDS"] == "120"
     assert job["spec"]["activeDeadlineSeconds"] > 120
     # the operator's image has Python 3: the script is the chart's file, mounted from the hook's ConfigMap
@@ -113,7 +143,7 @@ def test_the_hook_job_deletes_only_leader_elections_of_the_watched_namespaces() 
     assert config_map["data"]["pre-delete.py"] == (OPERATOR_CHART_DIR / "files" / "pre-delete.py").read_text()
     cluster_wide = render_operator({"clusterWide": True})
     (cluster_role,) = [d for d in hooks(cluster_wide) if d["kind"] == "ClusterRole"]
-    assert cluster_role["rules"][0]["verbs"] == ["list", "delete"]
+    assert cluster_role["rules"][0]["verbs"] == ["get", "list", "patch", "delete"]
     assert {
         e["name"]: e["value"]
         for e in one(cluster_wide, "Job")["spec"]["template"]["spec"]["containers"][0]["env"]
@@ -144,28 +174,71 @@ def test_the_docs_say_uninstall_works_instead_of_may_hang() -> None:
 
 # --- what the Job does: the script against a fake API server ---------------------------------------------
 
+FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
+SCALE = "/apis/apps/v1/namespaces/apps/deployments/demo-elector-operator/scale"
+
 
 @dataclass
 class FakeApi:
-    """LeaderElections behind kopf's finalizer: a DELETE sets deletionTimestamp; the object goes after
-    `release_after` more lists (the operator removing its finalizer), never when it is None."""
+    """LeaderElections behind finalizers (a DELETE sets deletionTimestamp; the object goes with its last
+    finalizer), merge patches checked against resourceVersion (409), and the operator's pods, which go
+    `pods_linger` looks after the Deployment was scaled to 0 (never, with None)."""
 
     objects: dict[tuple[str, str], Doc] = field(default_factory=dict)
-    release_after: int | None = 2
-    missing_resource: bool = False
     requests: list[tuple[str, str, dict[str, list[str]], str]] = field(default_factory=list)
-    _countdown: dict[tuple[str, str], int] = field(default_factory=dict)
+    missing_resource: bool = False
+    scaled: bool = False
+    pods_linger: int | None = 2
+    #: resourceVersions bumped behind the hook's back once (a concurrent writer): one 409 each
+    conflict_once: set[str] = field(default_factory=set)
+    _versions: Any = field(default_factory=lambda: iter(range(100, 10_000)))
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, namespace: str, name: str, **labels: str) -> None:
-        self.objects[namespace, name] = {"metadata": {"namespace": namespace, "name": name, "labels": labels}}
+    def add(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        release: tuple[str, str] | None = None,
+        finalizers: tuple[str, ...] = (FINALIZER,),
+        **labels: str,
+    ) -> None:
+        annotations = {}
+        if release is not None:
+            annotations = {
+                "meta.helm.sh/release-name": release[0],
+                "meta.helm.sh/release-namespace": release[1],
+            }
+        self.objects[namespace, name] = {
+            "metadata": {
+                "namespace": namespace,
+                "name": name,
+                "labels": labels,
+                "annotations": annotations,
+                "finalizers": list(finalizers),
+                "resourceVersion": str(next(self._versions)),
+            }
+        }
 
-    def handle(self, method: str, raw_path: str, authorization: str) -> tuple[int, Doc]:
+    def handle(self, method: str, raw_path: str, authorization: str, body: Doc | None) -> tuple[int, Doc]:
         url = urlsplit(raw_path)
         query = parse_qs(url.query)
         parts = url.path.strip("/").split("/")
         with self._lock:
             self.requests.append((method, url.path, query, authorization))
+            if url.path == SCALE and method == "PATCH":
+                assert body == {"spec": {"replicas": 0}}, body
+                self.scaled = True
+                return 200, {"kind": "Scale", "spec": {"replicas": 0}}
+            if url.path == "/api/v1/namespaces/apps/pods" and method == "GET":
+                assert query["labelSelector"][0].startswith("app.kubernetes.io/"), query
+                if self.scaled and self.pods_linger is not None:
+                    self.pods_linger -= 1
+                    if self.pods_linger < 0:
+                        return 200, {"items": []}
+                return 200, {
+                    "items": [{"metadata": {"namespace": "apps", "name": "demo-elector-operator-0"}}]
+                }
             if parts[:3] != ["apis", "elector.io", "v1alpha1"] or self.missing_resource:
                 return 404, {"kind": "Status", "code": 404}
             rest = parts[3:]
@@ -179,31 +252,57 @@ class FakeApi:
                 and rest[2] == "leaderelections"
             ):
                 return 200, {"items": self._list(rest[1], selector)}
-            if method == "DELETE" and len(rest) == 4 and rest[0] == "namespaces":
-                key = (rest[1], rest[3])
-                if key not in self.objects:
-                    return 404, {"kind": "Status", "code": 404}
-                self.objects[key]["metadata"]["deletionTimestamp"] = "2030-01-01T00:00:00Z"
-                if self.release_after is not None:
-                    self._countdown.setdefault(key, self.release_after)
-                return 200, self.objects[key]
+            if len(rest) == 4 and rest[0] == "namespaces" and rest[2] == "leaderelections":
+                return self._one(method, (rest[1], rest[3]), body)
             return 405, {"kind": "Status", "code": 405}
 
-    def _list(self, namespace: str | None, selector: str) -> list[Doc]:
-        for key in list(self._countdown):
-            self._countdown[key] -= 1
-            if self._countdown[key] < 0:
-                del self._countdown[key]
+    def _one(self, method: str, key: tuple[str, str], body: Doc | None) -> tuple[int, Doc]:
+        obj = self.objects.get(key)
+        if obj is None:
+            return 404, {"kind": "Status", "code": 404}
+        meta = obj["metadata"]
+        if method == "GET":
+            return 200, obj
+        if method == "DELETE":
+            if meta["finalizers"]:
+                meta["deletionTimestamp"] = "2030-01-01T00:00:00Z"
+                meta["resourceVersion"] = str(next(self._versions))
+            else:
                 del self.objects[key]
+            return 200, obj
+        if method == "PATCH":
+            assert not (FINALIZER in meta["finalizers"] and not self.scaled), (
+                "finalizer removed while running"
+            )
+            sent = (body or {}).get("metadata") or {}
+            if meta["resourceVersion"] in self.conflict_once:
+                self.conflict_once.discard(meta["resourceVersion"])
+                meta["resourceVersion"] = str(next(self._versions))
+            if sent.get("resourceVersion") != meta["resourceVersion"]:
+                return 409, {"kind": "Status", "code": 409, "reason": "Conflict"}
+            meta["finalizers"] = list(sent["finalizers"])
+            meta["resourceVersion"] = str(next(self._versions))
+            if meta.get("deletionTimestamp") and not meta["finalizers"]:
+                del self.objects[key]
+            return 200, obj
+        return 405, {"kind": "Status", "code": 405}
+
+    def _list(self, namespace: str | None, selector: str) -> list[Doc]:
         wanted = dict(term.split("=", 1) for term in selector.split(",") if term)
         return [
-            obj
+            copy.deepcopy(obj)
             for (ns, _), obj in sorted(self.objects.items())
             if namespace in (None, ns) and wanted.items() <= obj["metadata"]["labels"].items()
         ]
 
     def deleted(self) -> list[str]:
         return [path.rsplit("/", 1)[1] for method, path, _, _ in self.requests if method == "DELETE"]
+
+    def finalizers(self, namespace: str, name: str) -> list[str]:
+        return list(self.objects[namespace, name]["metadata"]["finalizers"])
+
+    def first(self, method: str, path_part: str) -> int:
+        return next(i for i, (m, path, _, _) in enumerate(self.requests) if m == method and path_part in path)
 
 
 @pytest.fixture
@@ -212,15 +311,17 @@ def api() -> Iterator[tuple[FakeApi, str]]:
 
     class Handler(BaseHTTPRequestHandler):
         def _reply(self) -> None:
-            status, body = fake.handle(self.command, self.path, self.headers.get("Authorization", ""))
-            data = json.dumps(body).encode()
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length)) if length else None
+            status, answer = fake.handle(self.command, self.path, self.headers.get("Authorization", ""), body)
+            data = json.dumps(answer).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
 
-        do_GET = do_DELETE = _reply
+        do_GET = do_DELETE = do_PATCH = _reply
 
         def log_message(self, *args: Any) -> None:
             pass
@@ -264,53 +365,87 @@ def run_hook(
     )
 
 
-def test_the_hook_deletes_and_waits_until_the_operator_let_them_go(
+def test_the_hook_deletes_only_its_release_s_leader_elections_and_lets_go_of_the_rest(
     api: tuple[FakeApi, str], tmp_path: Path
 ) -> None:
+    """It deleted every LeaderElection of the watched namespaces: the elector chart's, another team's."""
     fake, url = api
-    fake.add("apps", "billing")
-    fake.add("apps", "reports")
-    fake.add("jobs", "nightly")
+    fake.add("apps", "ours", release=("demo", "apps"))
+    fake.add("apps", "jobs-elector", release=("jobs", "apps"))  # the elector chart's release "jobs"
+    fake.add("apps", "same-name-elsewhere", release=("demo", "team-b"))  # release "demo" of team-b
+    fake.add("jobs", "nightly")  # kubectl apply
     fake.add("other", "not-watched")
     result = run_hook(tmp_path, url, {"namespaces": ["apps", "jobs"]})
     assert result.returncode == 0, result.stderr
-    assert sorted(fake.deleted()) == ["billing", "nightly", "reports"]
-    assert list(fake.objects) == [("other", "not-watched")]
-    assert "no LeaderElection left" in result.stdout
-    # it waited: it listed again after the deletes until the finalizers were gone
-    methods = [method for method, *_ in fake.requests]
-    assert methods[methods.index("DELETE") :].count("GET") >= 4
+    assert fake.deleted() == ["ours"]
+    assert sorted(fake.objects) == [
+        ("apps", "jobs-elector"),
+        ("apps", "same-name-elsewhere"),
+        ("jobs", "nightly"),
+        ("other", "not-watched"),
+    ]
+    # the others stay, without the operator's finalizer: deleting one later does not hang
+    for key in [("apps", "jobs-elector"), ("apps", "same-name-elsewhere"), ("jobs", "nightly")]:
+        assert fake.finalizers(*key) == []
+    assert fake.finalizers("other", "not-watched") == [FINALIZER]  # not this operator's
+    # the operator was stopped, and its pods gone, before any finalizer was touched
+    assert fake.first("PATCH", "/scale") < fake.first("PATCH", "/leaderelections/")
+    assert fake.scaled and fake.pods_linger is not None and fake.pods_linger < 0
     assert {auth for *_, auth in fake.requests} == {"Bearer hook-token"}
+    assert "deleting LeaderElection apps/ours" in result.stdout
 
 
-def test_the_hook_deletes_only_what_the_selector_names(api: tuple[FakeApi, str], tmp_path: Path) -> None:
+def test_the_hook_keeps_other_finalizers_and_retries_a_conflict(
+    api: tuple[FakeApi, str], tmp_path: Path
+) -> None:
+    fake, url = api
+    fake.add("apps", "shared", finalizers=("example.com/audit", FINALIZER))
+    fake.conflict_once.add(fake.objects["apps", "shared"]["metadata"]["resourceVersion"])
+    result = run_hook(tmp_path, url)
+    assert result.returncode == 0, result.stderr
+    assert fake.finalizers("apps", "shared") == ["example.com/audit"]
+    assert [m for m, path, *_ in fake.requests if path.endswith("/shared")].count("PATCH") == 2
+
+
+def test_a_label_selector_also_deletes_what_it_names(api: tuple[FakeApi, str], tmp_path: Path) -> None:
     fake, url = api
     fake.add("apps", "ours", team="a")
     fake.add("apps", "theirs", team="b")
     result = run_hook(tmp_path, url, {"preDeleteHook": {"labelSelector": "team=a"}})
     assert result.returncode == 0, result.stderr
     assert fake.deleted() == ["ours"] and list(fake.objects) == [("apps", "theirs")]
-    assert {q["labelSelector"][0] for method, _, q, _ in fake.requests if method == "GET"} == {"team=a"}
+    assert fake.finalizers("apps", "theirs") == []
 
 
 def test_the_cluster_wide_hook_lists_every_namespace(api: tuple[FakeApi, str], tmp_path: Path) -> None:
     fake, url = api
-    fake.add("apps", "a")
+    fake.add("apps", "a", release=("demo", "apps"))
     fake.add("far", "b")
     result = run_hook(tmp_path, url, {"clusterWide": True})
     assert result.returncode == 0, result.stderr
-    assert not fake.objects
-    assert {path for method, path, _, _ in fake.requests if method == "GET"} == {
-        "/apis/elector.io/v1alpha1/leaderelections"
-    }
+    assert list(fake.objects) == [("far", "b")] and fake.finalizers("far", "b") == []
+    lists = {path for method, path, q, _ in fake.requests if method == "GET" and "limit" in q}
+    assert "/apis/elector.io/v1alpha1/leaderelections" in lists
+    assert not [p for p in lists if p.startswith("/apis/elector.io/v1alpha1/namespaces/")]
 
 
-def test_the_hook_fails_and_says_why_when_the_operator_does_not_let_go(
+def test_the_hook_fails_and_says_why_when_the_operator_does_not_stop(
     api: tuple[FakeApi, str], tmp_path: Path
 ) -> None:
     fake, url = api
-    fake.release_after = None  # no operator: the finalizer stays
-    fake.add("apps", "stuck")
+    fake.pods_linger = None  # the pods never go
+    fake.add("apps", "ours", release=("demo", "apps"))
+    result = run_hook(tmp_path, url, TIMEOUT_SECONDS="0.5")
+    assert result.returncode == 1
+    assert "operator pods still there after 0.5s: apps/demo-elector-operator-0" in result.stderr
+    assert fake.finalizers("apps", "ours") == [FINALIZER] and not fake.deleted()  # nothing touched
+
+
+def test_the_hook_fails_and_says_why_when_another_finalizer_holds_its_own(
+    api: tuple[FakeApi, str], tmp_path: Path
+) -> None:
+    fake, url = api
+    fake.add("apps", "stuck", release=("demo", "apps"), finalizers=("example.com/keep",))
     result = run_hook(tmp_path, url, TIMEOUT_SECONDS="0.5")
     assert result.returncode == 1
     assert "still there after 0.5s: apps/stuck" in result.stderr
@@ -328,4 +463,4 @@ def test_the_hook_passes_without_the_crd(api: tuple[FakeApi, str], tmp_path: Pat
 
 def test_the_hook_fails_on_an_unreachable_api(tmp_path: Path) -> None:
     result = run_hook(tmp_path, "http://127.0.0.1:9")
-    assert result.returncode == 1 and "pre-delete: GET" in result.stderr
+    assert result.returncode == 1 and "pre-delete: PATCH" in result.stderr

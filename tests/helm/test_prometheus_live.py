@@ -45,6 +45,7 @@ from elector.backend.lua.lease import LockKeys
 from elector.testing.redis_server import RedisServerProcess, free_tcp_port
 from tests.support.daemon import DaemonProcess, wait_until
 from tests.support.seed import seed_used_lock
+from tests.support.tiers import PROMETHEUS, needs
 
 CHART_DIR = Path(__file__).resolve().parents[2] / "helm" / "elector"
 DASHBOARD = CHART_DIR / "files" / "dashboard.json"
@@ -56,7 +57,7 @@ FOR_1M_S = 60.0
 #: on a loaded CI box does not lose its lease and add a transition of its own.
 TTL = "3s"
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+pytestmark = pytest.mark.timeout(420)
 
 
 class Prometheus:
@@ -227,6 +228,7 @@ def _panel_queries() -> list[tuple[str, str]]:
 
 
 @pytest.fixture
+@needs(PROMETHEUS)
 def workdir(tmp_path: Path) -> Path:
     if shutil.which("prometheus") is None:
         pytest.fail(
@@ -276,13 +278,13 @@ def _handoff(server: RedisServerProcess, *, to: str, daemons: list[DaemonProcess
 
 
 def test_a_real_prometheus_through_takeover_handoffs_split_brain_and_outage(
-    workdir: Path, stack: ExitStack, request: pytest.FixtureRequest
+    workdir: Path, stack: ExitStack, request: pytest.FixtureRequest, redis_binary: str
 ) -> None:
     log_dir = workdir / "daemons"
     log_dir.mkdir()
-    jobs_redis = stack.enter_context(RedisServerProcess())
-    reports_redis = stack.enter_context(RedisServerProcess())
-    rogue_redis = stack.enter_context(RedisServerProcess())
+    jobs_redis = stack.enter_context(RedisServerProcess(binary=redis_binary))
+    reports_redis = stack.enter_context(RedisServerProcess(binary=redis_binary))
+    rogue_redis = stack.enter_context(RedisServerProcess(binary=redis_binary))
     for server, lock in ((jobs_redis, "jobs"), (reports_redis, "reports"), (rogue_redis, "jobs")):
         seed_used_lock(redis.Redis(port=server.port), lock)
     jobs = [

@@ -24,10 +24,11 @@ import redis
 from elector.backend.lua.lease import LockKeys
 from elector.testing.redis_server import RedisServerProcess, free_tcp_port
 from tests.image import podman_support as ps
+from tests.support.tiers import PODMAN, needs
 
 #: A cold first test also makes the base (debootstrap, ~70 s measured) and builds (~25 s): a
 #: loaded CI box may take several times that, and a hang is still caught.
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.timeout(900)
 
 UID = GID = 10001
 #: Generous: a container start on a loaded 2-core box measured ~1-2 s; the bound only catches hangs.
@@ -44,6 +45,7 @@ CHART_FLAGS = (
 
 
 @pytest.fixture(scope="module")
+@needs(PODMAN)
 def podman(tmp_path_factory: pytest.TempPathFactory) -> ps.Podman:
     try:
         ps.check_tools()

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from elector._version import __version__
+from tests.support.tiers import PIP, needs
 
 REPO = Path(__file__).resolve().parents[2]
 # The runtime dependencies, and kopf: one image runs the sidecar and `elector operator`.
@@ -47,7 +48,7 @@ STEP_TIMEOUT_S = 300
 # test, and on a loaded machine (load 11 on 2 cores, `make test-loaded`) over 180 s in all. The
 # test's timeout only bounds a hang: each of the four steps has its own bound, so the whole may
 # take their sum, plus the test itself.
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(4 * STEP_TIMEOUT_S + 120)]
+pytestmark = pytest.mark.timeout(4 * STEP_TIMEOUT_S + 120)
 
 
 def _normalize(name: str) -> str:
@@ -79,6 +80,7 @@ def _offline_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
+@needs(PIP)
 def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(wheel directory, virtualenv) after replaying the Dockerfile's install steps."""
     tmp = tmp_path_factory.mktemp("image")

@@ -123,7 +123,6 @@ async def start_operator(
         return kopf.ConnectionInfo(server=cluster.url, insecure=True, default_namespace=NAMESPACE)
 
     async def start(*, identity: str = "operator-0", redis_url: str | None = None) -> RunningOperator:
-        seeded_redis(redis_server, "elector-operator")
         settings = OperatorSettings(
             redis=RedisSettings(url=redis_url or redis_server.url),
             identity=identity,
@@ -135,8 +134,9 @@ async def start_operator(
             ttl_s=30.0,
             namespaces=(NAMESPACE,),
             http=HttpSettings(host="127.0.0.1", port=0),
-            watch=WatchSettings(poll_s=0.2, pod_resync_s=0.5, redis_timeout_s=0.5, max_backoff_s=0.5),
+            watch=WatchSettings(poll_s=0.2, redis_timeout_s=0.5, max_backoff_s=0.5),
         )
+        seeded_redis(redis_server, settings.lock)
         registry = CollectorRegistry()
         stop = asyncio.Event()
         started: asyncio.Future[int] = asyncio.get_running_loop().create_future()

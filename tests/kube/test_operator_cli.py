@@ -69,7 +69,7 @@ def test_the_settings_reach_the_operator(monkeypatch: pytest.MonkeyPatch) -> Non
     ((settings, logs),) = seen
     assert isinstance(settings, OperatorSettings)
     assert (settings.ttl_s, settings.namespaces, settings.identity) == (90.0, ("a", "b"), "op-1")
-    assert (settings.lock, settings.redis.url) == ("elector-operator", "redis://r:6379/1")
+    assert (settings.lock, settings.redis.url) == ("elector-operator/namespaces/a.b", "redis://r:6379/1")
     assert logs == {"log_format": "auto", "log_level": "critical"}
 
 
@@ -149,4 +149,33 @@ def test_selectors_match_as_the_api_server_does() -> None:
     assert not resource.selector_matches(selector, {"app": "worker", "tier": "c"})
     assert not resource.selector_matches(selector, {"app": "worker", "tier": "a", "canary": "1"})
     assert not resource.selector_matches(selector, {"tier": "a"})
-    assert resource.selector_query(selector) == "app=worker,tier in (a,b),!canary"
+
+
+@pytest.mark.parametrize(
+    ("args", "lock"),
+    [
+        (["--namespace", "team-a"], "elector-operator/namespaces/team-a"),
+        (["--namespace", "jobs apps", "--namespace", "apps"], "elector-operator/namespaces/apps.jobs"),
+        (["--all-namespaces"], "elector-operator/cluster-wide"),
+        (["--namespace", "apps", "--lock", "mine"], "mine"),
+    ],
+)
+def test_the_default_lock_is_named_after_what_the_operator_watches(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], lock: str
+) -> None:
+    """Operator A (team-a) and operator B (apps) must not share one global lock: B would never lead."""
+    seen: list[object] = []
+    monkeypatch.setattr(
+        operator_cli, "run_operator_command", lambda settings, **_: seen.append(settings) or 0
+    )
+    result = CliRunner().invoke(cli, ["operator", *args], env={"ELECTOR_REDIS_URL": "redis://r:6379/1"})
+    assert result.exit_code == 0, result.output
+    assert seen[0].lock == lock  # type: ignore[attr-defined]
+
+
+def test_a_default_lock_for_many_namespaces_stays_a_valid_lock_name() -> None:
+    many = [f"team-{i:03d}-with-a-long-namespace-name" for i in range(20)]
+    lock = operator_cli.default_operator_lock(many, clusterwide=False)
+    assert lock.startswith("elector-operator/namespaces/sha256-") and len(lock) <= 200
+    assert lock == operator_cli.default_operator_lock(list(reversed(many)), clusterwide=False)
+    assert lock != operator_cli.default_operator_lock(many[1:], clusterwide=False)

@@ -83,7 +83,7 @@ async def test_bad_tls_material_from_the_login_is_a_kube_api_error(info: kopf.Co
     api.set_credentials(info)
     try:
         with pytest.raises(KubeApiError, match="cannot set up TLS") as raised:
-            await api.list_pods("apps", {"matchLabels": {"app": "worker"}})
+            await api.request("GET", "/api/v1/namespaces/apps/pods")
         message = str(raised.value)
         # What kind of problem, never the material itself.
         assert "c2VjcmV0" not in message and "not base64" not in message and "nonexistent" not in message
@@ -102,7 +102,7 @@ async def test_a_relogin_retires_the_old_session_once_its_request_is_done(api_se
     api = KubeApi(relogin=relogin)
     api.set_credentials(kopf.ConnectionInfo(server=api_server.url, insecure=True, token="stale"))
     try:
-        await api.list_pods("apps", {"matchLabels": {"app": "worker"}})  # 401, re-login, retried: 200
+        await api.request("GET", "/api/v1/namespaces/apps/pods")  # 401, re-login, retried: 200
         assert api_server.seen_tokens == ["Bearer stale", "Bearer fresh"]
         assert logins == 1
         # The stale session was closed as soon as its request ended, not kept until close().
@@ -110,7 +110,7 @@ async def test_a_relogin_retires_the_old_session_once_its_request_is_done(api_se
         first = api._session
         for _ in range(3):  # rotated credentials many times: still nothing piles up
             api.set_credentials(kopf.ConnectionInfo(server=api_server.url, insecure=True, token="stale"))
-            await api.list_pods("apps", {"matchLabels": {"app": "worker"}})
+            await api.request("GET", "/api/v1/namespaces/apps/pods")
         assert logins == 4 and not api._retired and not api._in_flight
         assert first.closed
     finally:

@@ -320,6 +320,86 @@ async def test_without_rbac_for_leases_the_operator_works_on_and_backs_off(
     assert errors is not None and errors >= 1
 
 
+def _condition(cluster: Cluster, kind: str, name: str = "jobs") -> dict[str, Any]:
+    conditions = cluster.election(name).get("status", {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == kind), {})
+
+
+async def test_another_programs_lease_of_that_name_is_never_written(
+    cluster: Cluster, start_operator: Any, redis_server: RedisServerProcess, backend: RedisLeaseBackend
+) -> None:
+    """The mirror overwrote any Lease of its name (a client-go program's own lock, say). It writes only
+    Leases that carry its label; a clash is in the status and a Warning Event, and once the other Lease
+    is gone the mirror creates its own."""
+    foreign = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": "jobs", "namespace": NAMESPACE, "labels": {"app": "billing"}},
+        "spec": {"holderIdentity": "billing-7d9f-x", "leaseDurationSeconds": 15, "leaseTransitions": 4},
+    }
+    path = f"{cluster.url}/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases"
+    async with cluster.session.post(path, json=foreign) as response:
+        assert response.status < 400, await response.text()
+    await cluster.create(pod("pod-a"))
+    await cluster.create(leader_election("jobs", lock="jobs", redis_url=redis_server.url))
+    await backend.acquire("pod-a", ttl_ms=30_000)
+    await start_operator()
+
+    await eventually(lambda: _condition(cluster, "LeaseMirrored").get("status") == "False", what="the clash")
+    condition = _condition(cluster, "LeaseMirrored")
+    assert condition["reason"] == "LeaseNotOwned"
+    assert "Lease jobs exists and is not this LeaderElection's" in condition["message"]
+    await eventually(lambda: "LeaseNotOwned" in cluster.event_reasons(kind=resource.KIND, name="jobs"))
+    # everything else goes on: labels and the status follow the lock
+    await eventually(lambda: cluster.leader_label("pod-a") == "true")
+    assert cluster.election("jobs")["status"]["holder"] == "pod-a"
+    await asyncio.sleep(1.5)  # cycles (0.2 s) and a re-read (back-off from 2 s) in which it could write
+    untouched = lease(cluster.mock, "jobs")
+    assert untouched is not None and untouched["spec"] == foreign["spec"]
+    assert untouched["metadata"]["labels"] == {"app": "billing"}
+    assert _emulator(cluster).lease_puts == []
+    assert not [
+        r for r in list(cluster.mock) if r.method == "POST" and r.resource and r.resource.plural == "leases"
+    ][1:]
+    assert cluster.event_reasons(kind=resource.KIND, name="jobs").count("LeaseNotOwned") == 1
+
+    # The other Lease goes: the mirror takes the name over (re-read with back-off, at most 30 s).
+    async with cluster.session.delete(f"{path}/jobs") as response:
+        assert response.status < 400, await response.text()
+    await eventually(
+        lambda: (lease(cluster.mock, "jobs") or {}).get("spec", {}).get("holderIdentity") == "pod-a",
+        timeout_s=60.0,
+        what="the mirror's own Lease",
+    )
+    await eventually(lambda: _condition(cluster, "LeaseMirrored").get("status") == "True")
+
+
+async def test_two_leader_elections_naming_one_lease_do_not_overwrite_each_other(
+    cluster: Cluster, start_operator: Any, redis_server: RedisServerProcess, backend: RedisLeaseBackend
+) -> None:
+    await cluster.create(pod("pod-a"))
+    await cluster.create(leader_election("jobs", lock="jobs", redis_url=redis_server.url))
+    await backend.acquire("pod-a", ttl_ms=30_000)
+    await start_operator()
+    await eventually(
+        lambda: (lease(cluster.mock, "jobs") or {}).get("spec", {}).get("holderIdentity") == "pod-a"
+    )
+    seeded_redis(redis_server, "reports")
+    await cluster.create(
+        leader_election(
+            "reports", lock="reports", redis_url=redis_server.url, kubernetesLease={"name": "jobs"}
+        )
+    )
+    await eventually(
+        lambda: _condition(cluster, "LeaseMirrored", "reports").get("reason") == "LeaseNotOwned",
+        what="the second one's clash",
+    )
+    assert "it mirrors LeaderElection jobs" in _condition(cluster, "LeaseMirrored", "reports")["message"]
+    assert _condition(cluster, "LeaseMirrored")["status"] == "True"
+    found = lease(cluster.mock, "jobs")
+    assert found is not None and found["metadata"]["labels"]["elector.io/leader-election"] == "jobs"
+
+
 @pytest.mark.parametrize(
     ("value", "problem"),
     [

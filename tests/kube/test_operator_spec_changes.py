@@ -116,3 +116,41 @@ async def test_a_malformed_url_from_a_secret_is_an_invalid_spec_not_a_crash(
     await cluster.patch(redis_secret, {"data": fixed["data"]})
     await eventually(lambda: spec_valid()["status"] == "True", what="SpecValid True after the fix")
     await eventually(lambda: cluster.election("jobs")["status"].get("lock") == "jobs")
+
+
+async def test_a_leader_label_that_is_a_selector_key_never_touches_the_pods(
+    cluster: Cluster, start_operator: Any, redis_server: RedisServerProcess
+) -> None:
+    """`leaderLabel: app` with `selector: {app: worker}` rewrote the pods' `app` to "true"/"false" (on a
+    cluster their ReplicaSet would lose them and make new ones without end). kmock evaluates no CEL, so
+    this is the operator's own check: SpecValid False, an Event, and the pods left as they were."""
+    seeded_redis(redis_server, "jobs")
+    for name in ("pod-a", "pod-b"):
+        await cluster.create(pod(name))
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    try:
+        assert isinstance(
+            await RedisLeaseBackend(client, lock="jobs").acquire("pod-a", ttl_ms=60_000), Granted
+        )
+        await cluster.create(
+            leader_election("jobs", lock="jobs", redis_url=redis_server.url, leaderLabel="app")
+        )
+        await start_operator()
+
+        def spec_valid() -> dict[str, str]:
+            conditions = cluster.election("jobs")["status"]["conditions"]
+            condition: dict[str, str] = next(c for c in conditions if c["type"] == "SpecValid")
+            return condition
+
+        await eventually(lambda: spec_valid()["status"] == "False", what="SpecValid False")
+        assert "leaderLabel" in spec_valid()["message"] and "selector" in spec_valid()["message"]
+        await eventually(lambda: "InvalidSpec" in cluster.event_reasons(kind=resource.KIND, name="jobs"))
+        await asyncio.sleep(1.0)  # five polls (0.2 s) in which a relabel could have happened
+        assert [cluster.leader_label(p, "app") for p in ("pod-a", "pod-b")] == ["worker", "worker"]
+        assert not [
+            r
+            for r in list(cluster.mock)
+            if r.method == "PATCH" and r.resource and r.resource.plural == "pods"
+        ]
+    finally:
+        await client.aclose()

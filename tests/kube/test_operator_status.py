@@ -60,6 +60,7 @@ async def test_status_labels_and_events_follow_the_holder(
             "RedisReachable": "True",
             "HasLeader": "True",
             "SpecValid": "True",
+            "LeaseMirrored": "True",
         }
         assert [c["identity"] for c in status["candidates"]] == ["pod-a"]
         assert (
@@ -128,3 +129,15 @@ async def test_a_pod_that_appears_later_gets_its_label(
         await eventually(lambda: cluster.election("jobs")["status"].get("holderPod") == "pod-b")
     finally:
         await client.aclose()
+
+
+async def test_each_replica_says_whether_it_leads(cluster: Cluster, start_operator) -> None:
+    """`elector_operator_leader`: what ElectorOperatorDown needs to page when no replica leads (a
+    replica can be up, and scraped, while none holds the operator's lease: labels stand still then)."""
+    first = await start_operator(identity="operator-0")
+    await eventually(lambda: first.sample("elector_operator_leader") == 1.0, what="operator-0 leads")
+    second = await start_operator(identity="operator-1")
+    await eventually(lambda: second.sample("elector_operator_leader") == 0.0, what="operator-1 stands by")
+    await first.close()  # a clean stop releases the lease: the standby takes over at once
+    await eventually(lambda: second.sample("elector_operator_leader") == 1.0, what="operator-1 leads")
+    assert first.sample("elector_operator_leader") == 0.0

@@ -33,8 +33,6 @@ from elector.kube.singleton import EXIT_KOPF_STUCK, MIN_STOP_WORK_S, KopfOperato
 from tests.kube.kmock_support import create_object, seed_object
 from tests.support.tcp_proxy import TcpProxy
 
-pytestmark = pytest.mark.integration
-
 REPO = Path(__file__).resolve().parents[2]
 APP = Path(__file__).with_name("singleton_app.py")
 LOCK = "singleton-test"

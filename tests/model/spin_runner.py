@@ -1,4 +1,5 @@
-"""Runs the spin model of the lease protocol (model/lease.pml) in its checked configurations.
+"""Runs the spin models (model/lease.pml, the lease protocol; model/predecessor.pml, a lock renamed
+with --predecessor-lock) in their checked configurations.
 
 Each configuration is the model with some `-D` definitions: spin writes the verifier (pan.c),
 gcc builds it, and pan searches every reachable state within the configuration's bounds. The
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 MODEL = Path(__file__).resolve().parents[2] / "model" / "lease.pml"
+PREDECESSOR_MODEL = MODEL.with_name("predecessor.pml")
 INSTALL_HINT = "sudo apt-get install -y --no-install-recommends spin gcc (or scripts/system-deps.sh as root)"
 
 #: The bounds of each checked configuration (see docs/model.md).
@@ -29,6 +31,8 @@ LIVE = ("-DLIVE",)
 #: Mixed fleet: candidate 0 speaks protocol 1; failover, failback, failover again (3 faults).
 MIXED = ("-DFAILOVERS", "-DMIXED", "-DTTL=3", "-DMAXG=2", "-DMAXF=3", "-DMAXP=0")
 LIVE3 = ("-DLIVE", "-DN=3")
+#: predecessor.pml: two replicas of two releases, 4 grants, 1 lost request or answer (docs/model.md).
+RENAME = ("-DMAXG=4", "-DMAXL=1", "-DTTL=3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +41,7 @@ class Config:
     defines: tuple[str, ...]
     #: What the run shows: the properties checked (real model) or the mechanism removed (mutant).
     about: str
+    model: Path = MODEL
 
 
 REAL = (
@@ -47,6 +52,24 @@ REAL = (
     Config("live", LIVE, "no faults: properties 3, 5"),
     Config("mixed", MIXED, "protocol 1 beside protocol 2, three failovers: property 1 for protocol-2 grants"),
     Config("live-3", LIVE3, "no faults, 3 candidates: properties 3, 5"),
+    Config(
+        "rename-old-new",
+        RENAME,
+        "predecessor: 0.1.0 beside a renamed lock: properties 1, 2",
+        PREDECESSOR_MODEL,
+    ),
+    Config(
+        "rename-new-new",
+        (*RENAME, "-DNEWNEW"),
+        "predecessor: two renamed: properties 1, 2",
+        PREDECESSOR_MODEL,
+    ),
+    Config(
+        "rename-new-later",
+        (*RENAME, "-DNEWLATER"),
+        "predecessor: renamed beside a release without it: properties 1, 2",
+        PREDECESSOR_MODEL,
+    ),
 )
 
 MUTANTS = (
@@ -67,6 +90,25 @@ MUTANTS = (
         "protocol 1's quiet period credited for any promotion",
     ),
     Config("no-meta-trusted", (*MIXED, "-DMUT_NO_META_TRUSTED"), "the server key trusted without a stream"),
+    # The predecessor's mutants: each a counterexample of property 1 itself (EXCLUSIVE_ONLY).
+    Config(
+        "rename-no-predecessor",
+        (*RENAME, "-DEXCLUSIVE_ONLY", "-DMUT_NO_PREDECESSOR"),
+        "a rename without --predecessor-lock",
+        PREDECESSOR_MODEL,
+    ),
+    Config(
+        "rename-renew-one",
+        (*RENAME, "-DEXCLUSIVE_ONLY", "-DMUT_RENEW_ONE"),
+        "the predecessor left to lapse",
+        PREDECESSOR_MODEL,
+    ),
+    Config(
+        "rename-validity-from-last",
+        (*RENAME, "-DNEWLATER", "-DEXCLUSIVE_ONLY", "-DMUT_VALIDITY_FROM_LAST"),
+        "validity from the last acquire",
+        PREDECESSOR_MODEL,
+    ),
 )
 
 
@@ -101,9 +143,10 @@ def check(config: Config, *, timeout_s: float = 600.0, optimise: str = "-O2") ->
     require_tools()
     with tempfile.TemporaryDirectory(prefix=f"spin-{config.name}-") as tmp:
         work = Path(tmp)
-        shutil.copy(MODEL, work / "lease.pml")
+        name = config.model.name
+        shutil.copy(config.model, work / name)
         started = time.monotonic()
-        gen = _run(["spin", *config.defines, "-a", "lease.pml"], cwd=work, timeout_s=timeout_s)
+        gen = _run(["spin", *config.defines, "-a", name], cwd=work, timeout_s=timeout_s)
         if gen.returncode != 0 or not (work / "pan.c").exists():
             raise RuntimeError(f"spin -a failed for {config.name}:\n{gen.stdout}{gen.stderr}")
         # COLLAPSE compresses stored states; SAFETY drops the cycle-detection machinery (the
@@ -120,8 +163,8 @@ def check(config: Config, *, timeout_s: float = 600.0, optimise: str = "-O2") ->
         elapsed_s = time.monotonic() - started
         report = pan.stdout + pan.stderr
         trail = ""
-        if (work / "lease.pml.trail").exists():
-            replay = _run(["spin", *config.defines, "-t", "lease.pml"], cwd=work, timeout_s=timeout_s)
+        if (work / f"{name}.trail").exists():
+            replay = _run(["spin", *config.defines, "-t", name], cwd=work, timeout_s=timeout_s)
             lines = (line.strip() for line in replay.stdout.splitlines())
             trail = "\n".join(line[len("MSC: ") :] for line in lines if line.startswith("MSC: "))
     errors = re.search(r"errors: (\d+)", report)

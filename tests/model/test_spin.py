@@ -9,9 +9,12 @@ from __future__ import annotations
 import pytest
 
 from tests.model.spin_runner import MUTANTS, REAL, Config, ToolMissing, check, require_tools
+from tests.support.tiers import SPIN, needs
 
 
-def _require() -> None:
+@pytest.fixture(scope="module")
+@needs(SPIN)
+def spin_tools() -> None:
     try:
         require_tools()
     except ToolMissing as exc:
@@ -23,8 +26,8 @@ def _require() -> None:
 # budget per step (spin, gcc, pan: `check(timeout_s=600)`), not the suite's default per-test 120 s.
 @pytest.mark.timeout(3 * 600 + 60)
 @pytest.mark.parametrize("config", REAL, ids=[c.name for c in REAL])
+@pytest.mark.usefixtures("spin_tools")
 def test_model_holds(config: Config) -> None:
-    _require()
     result = check(config)
     assert result.errors == 0, f"{config.name}: {result.violation}\n{result.trail}"
     # A search cut short by the depth limit would prove nothing about the states it skipped.
@@ -34,8 +37,8 @@ def test_model_holds(config: Config) -> None:
 
 @pytest.mark.timeout(3 * 600 + 60)
 @pytest.mark.parametrize("config", MUTANTS, ids=[c.name for c in MUTANTS])
+@pytest.mark.usefixtures("spin_tools")
 def test_mutant_is_caught(config: Config) -> None:
-    _require()
     # Mutants stop at their first counterexample: a cheaper build is enough.
     result = check(config, optimise="-O1")
     assert result.errors > 0, f"{config.name}: spin found no counterexample ({config.about})"

@@ -98,12 +98,17 @@ class TlsRedis(StartStop):
     """A redis-server serving TLS only (plain port off), requiring client certificates."""
 
     def __init__(
-        self, directory: Path, *, auth_clients: bool = True, extra_args: tuple[str, ...] = ()
+        self,
+        directory: Path,
+        *,
+        auth_clients: bool = True,
+        extra_args: tuple[str, ...] = (),
+        binary: str | None = None,
     ) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.files = make_tls_files(directory)
         self.tls_port = free_tcp_port()
-        self.binary = find_tls_redis_server()
+        self.binary = binary or find_tls_redis_server()
         self.server = RedisServerProcess(
             binary=self.binary,
             extra_args=(

@@ -49,8 +49,8 @@ async def test_fixture_server_answers_ping(
     assert config["bind"] == "127.0.0.1"
 
 
-def test_start_and_stop_by_pid(tmp_path: Path) -> None:
-    server = RedisServerProcess(workdir=tmp_path, extra_args=["--maxmemory", "10mb"])
+def test_start_and_stop_by_pid(tmp_path: Path, redis_binary: str) -> None:
+    server = RedisServerProcess(binary=redis_binary, workdir=tmp_path, extra_args=["--maxmemory", "10mb"])
     with pytest.raises(rs.RedisServerError):
         _ = server.url  # no port before start()
     server.start()
@@ -67,8 +67,8 @@ def test_start_and_stop_by_pid(tmp_path: Path) -> None:
     assert tmp_path.exists()  # a caller's workdir is not removed
 
 
-def test_context_manager_removes_its_temporary_workdir() -> None:
-    with RedisServerProcess() as server:
+def test_context_manager_removes_its_temporary_workdir(redis_binary: str) -> None:
+    with RedisServerProcess(binary=redis_binary) as server:
         workdir = server._workdir
         assert workdir is not None
         assert workdir.is_dir()
@@ -119,8 +119,8 @@ async def test_pause_and_resume(redis_server: RedisServerProcess, client: redis.
     assert time.monotonic() - started < 3
 
 
-def test_start_failure_reports_the_log(tmp_path: Path) -> None:
-    server = RedisServerProcess(workdir=tmp_path, extra_args=["--no-such-option", "1"])
+def test_start_failure_reports_the_log(tmp_path: Path, redis_binary: str) -> None:
+    server = RedisServerProcess(binary=redis_binary, workdir=tmp_path, extra_args=["--no-such-option", "1"])
     with pytest.raises(rs.RedisServerError, match="exited with code") as excinfo:
         server.start()
     assert "no-such-option" in str(excinfo.value)  # redis's complaint, from the log tail

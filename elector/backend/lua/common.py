@@ -1,6 +1,6 @@
 """The Lua helpers the lease scripts share: server time, the candidate registry, the handoff key.
 
-Prepended to the scripts of scripts.py that use them (see there for the protocol itself).
+Prepended to the scripts of lease.py and batch.py that use them (see there for the protocol itself).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ MAX_HANDOFF_BYTES = 4096
 #: Longest instance nonce (hex digits) the scripts take or read back (see lease.py).
 MAX_NONCE_DIGITS = 64
 
-#: Lua helpers shared by the scripts of scripts.py (prepended to each that uses them; not a script).
+#: Lua helpers shared by the scripts of lease.py and batch.py (prepended to each that uses them;
+#: not a script).
 #:
 #: server_ms(): Redis server time in ms (one clock for every replica's entries).
 #: prune(entries, expiry, now_ms, instances): drop at most PRUNE_LIMIT lapsed candidates (and

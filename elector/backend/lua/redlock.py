@@ -1,4 +1,4 @@
-"""The two scripts only Redlock uses, on each of its servers (the others are in scripts.py)."""
+"""The two scripts only Redlock uses, on each of its servers (the others are in lease.py)."""
 
 from __future__ import annotations
 

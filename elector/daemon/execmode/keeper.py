@@ -77,7 +77,7 @@ import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
 else:
     # The C module that `signal` wraps: the same functions and constants, as plain ints. `signal`
     # itself adds enums, and importing enum (and what it imports) cost the keeper 0.7 MiB.
@@ -339,9 +339,7 @@ def _stat(pid: int) -> tuple[str, int, int, int] | None:
 def tree_of(me: int) -> list[tuple[int, int]]:
     """(pid, pgid) of the live processes of the command's tree, from one /proc snapshot: our
     group, our session, our children (reparented to us, the subreaper, when they escaped both),
-    and the transitive closure of these: every descendant of a member, and every member of a
-    group or session a member leads. So a chain of processes that each left the session while
-    its parent lives is found whole, not one level per scan as its parents die."""
+    and the transitive closure of these (`closure`)."""
     try:
         names = os.listdir("/proc")
     except OSError:
@@ -352,23 +350,30 @@ def tree_of(me: int) -> list[tuple[int, int]]:
             info = _stat(int(name))
             if info is not None:
                 table[int(name)] = info
-    # Who is reachable from a member: its children, and the members of the group and session it
-    # leads (a group's or session's id is its leader's pid). Zombies too: a dead group leader's
-    # group may still have live members.
+    # Zombies too: a dead group leader's group may still have live members.
+    found = closure([me], ((pid, ppid, pgid, sid) for pid, (_, ppid, pgid, sid) in table.items()))
+    found.discard(me)
+    return [(pid, table[pid][2]) for pid in found if table[pid][0] not in ("Z", "X", "x")]
+
+
+def closure(roots: Iterable[int], table: Iterable[tuple[int, int, int, int]]) -> set[int]:
+    """The process tree's one definition, here and in the daemon (treestop.py): `roots` and,
+    transitively, every process of `table` (pid, ppid, pgid, sid) reachable from one of them: its
+    children, and the members of the group and session it leads (a group's or session's id is its
+    leader's pid). So a chain of processes that each left the session while its parent lives is
+    found whole, not one level per scan as its parents die."""
     related: dict[int, list[int]] = {}
-    members = []
-    for pid, (_, ppid, pgid, sid) in table.items():
+    for pid, ppid, pgid, sid in table:
         for key in {ppid, pgid, sid}:
             related.setdefault(key, []).append(pid)
-        if me in (ppid, pgid, sid):
-            members.append(pid)
-    found = set(members)
-    while members:
-        for pid in related.get(members.pop(), ()):
+    found = set(roots)
+    pending = list(found)
+    while pending:
+        for pid in related.get(pending.pop(), ()):
             if pid not in found:
                 found.add(pid)
-                members.append(pid)
-    return [(pid, table[pid][2]) for pid in found if table[pid][0] not in ("Z", "X", "x")]
+                pending.append(pid)
+    return found
 
 
 def _send(pid: int, sig: int) -> None:

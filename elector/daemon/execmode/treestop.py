@@ -19,8 +19,9 @@ every process of it is gone (see supervisor.py for the guarantees).
   A process in D is still reported: its syscall (a write to a network file system) can complete
   long after.
 * With its keeper lost (`Run.keeper_lost`), nobody else follows the command's escaped chains: the
-  whole /proc table is read and the closure of the tree's descendants taken (as the keeper does),
-  so a chain whose parents live goes in one pass, within the SIGKILL slack.
+  whole /proc table is read and the closure of the tree's descendants taken (keeper.py's
+  `closure`, the keeper's own), so a chain whose parents live goes in one pass, within the
+  SIGKILL slack.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import signal
 import time
 
 from elector.daemon.execmode.child import KILL_REAP_SLACK_S, Run
+from elector.daemon.execmode.keeper import closure
 from elector.daemon.execmode.proctree import (
     HAVE_PROC,
     AwaitedChildren,
@@ -238,22 +240,8 @@ class TreeStopper:
                 and proc.start_ticks >= run.start_ticks
             )
         ]
-        return descendants_closure(tree, procs) if run.keeper_lost else tree
-
-
-def descendants_closure(roots: list[Proc], procs: list[Proc]) -> list[Proc]:
-    """`roots` and, transitively, every process of `procs` that descends from one of them or is
-    in a group or session one of them leads: escaped chains whose parents still live included
-    (see keeper.py's `tree_of`, which does the same in the keeper)."""
-    related: dict[int, list[Proc]] = {}
-    for proc in procs:
-        for key in {proc.ppid, proc.pgid, proc.sid}:
-            related.setdefault(key, []).append(proc)
-    found = {proc.pid: proc for proc in roots}
-    pending = list(roots)
-    while pending:
-        for proc in related.get(pending.pop().pid, ()):
-            if proc.pid not in found:
-                found[proc.pid] = proc
-                pending.append(proc)
-    return list(found.values())
+        if not run.keeper_lost:
+            return tree
+        by_pid = {proc.pid: proc for proc in procs}
+        related = closure([proc.pid for proc in tree], ((p.pid, p.ppid, p.pgid, p.sid) for p in procs))
+        return [by_pid[pid] for pid in related]

@@ -5,8 +5,9 @@ label on the candidate pods, Events on transitions, the resource's status, hando
 annotation, and Prometheus metrics. See docs/kubernetes.md.
 
 Modules: `resource` (the CRD's spec and status, no I/O), `reconcile` (labels, Events, status of
-a transition), `watcher` (the per-object loop), `handoff` (the annotation), `kubeapi` (a small
+a transition), `watcher` (the per-object loop), `pods` (the candidates, from one shared watch),
+`lease_mirror` (the Kubernetes Lease), `handoff_annotation` (the annotation), `kubeapi` (a small
 API client on kopf's credentials), `metrics`, `handlers` (the kopf registry), `runner` (the hot-
-standby operator process) and `cli` (the click command). Nothing here imports kopf on package
+standby operator process) and `command` (what `elector operator` runs). Nothing here imports kopf on package
 import: `elector.cli.main` offers the command without it.
 """

@@ -8,6 +8,7 @@ are checked; `kopf_missing` lets the command say how to install kopf instead.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib.util
 import signal
 import sys
@@ -23,7 +24,27 @@ from elector.lease import InvalidValueError, check_identity, check_lock_name, de
 if TYPE_CHECKING:
     from elector.kube.operator.runner import OperatorSettings
 
+#: The longest lock name elector takes (elector.lease.check_lock_name).
+MAX_LOCK_LENGTH = 200
+
 INSTALL_HINT = "the operator needs kopf: pip install 'elector[kube]'"
+
+
+def default_operator_lock(namespaces: Sequence[str], *, clusterwide: bool) -> str:
+    """The operator's own lock when none is given: named after what it watches.
+
+    Operators for different sets of namespaces must not exclude each other (a single global
+    name let one team's operator keep another's idle); the replicas of one operator watch the
+    same set, so they share the name. Namespaces are DNS labels (no dots): the join is
+    unambiguous. A set too long for a lock name is hashed.
+    """
+    if clusterwide:
+        return "elector-operator/cluster-wide"
+    joined = ".".join(sorted(set(namespaces)))
+    lock = f"elector-operator/namespaces/{joined}"
+    if len(lock) > MAX_LOCK_LENGTH:
+        lock = f"elector-operator/namespaces/sha256-{hashlib.sha256(joined.encode()).hexdigest()}"
+    return lock
 
 
 def kopf_missing() -> bool:
@@ -33,7 +54,7 @@ def kopf_missing() -> bool:
 def operator_settings(
     *,
     redis: RedisSettings,
-    lock: str,
+    lock: str | None,
     identity: str | None,
     ttl: float,
     namespace: Sequence[str],
@@ -46,6 +67,10 @@ def operator_settings(
     """
     from elector.kube.operator.runner import OperatorSettings
 
+    # A variable's blanks separate namespaces; so may a flag's.
+    flat = tuple(ns for value in namespace for ns in value.split() if ns)
+    if lock is None:
+        lock = default_operator_lock(flat, clusterwide=all_namespaces)
     try:
         check_lock_name(lock)
         who = check_identity(identity if identity is not None else default_identity())
@@ -56,8 +81,6 @@ def operator_settings(
         http = parse_http_address(http_address)
     except ValueError as exc:
         raise SettingsError("http_address", str(exc)) from None
-    # A variable's blanks separate namespaces; so may a flag's.
-    flat = tuple(ns for value in namespace for ns in value.split() if ns)
     try:
         return OperatorSettings(
             redis=redis,
@@ -79,8 +102,8 @@ def run_operator_command(settings: OperatorSettings, *, log_format: str, log_lev
 
 
 async def _main(settings: OperatorSettings) -> int:
-    from elector.api import ElectorConfigError
     from elector.kube.operator.runner import run_operator
+    from elector.library.elector import ElectorConfigError
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

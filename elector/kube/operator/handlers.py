@@ -3,7 +3,8 @@
 - login: kopf's own service-account / kubeconfig logins (or the one given, e.g. in tests); the
   credentials also go to the operator's small API client (`KubeApi`), so both use the same.
 - startup: settings for a minimal footprint (no namespace/CRD scanning, so no RBAC for them).
-- a daemon per LeaderElection: `ElectionWatcher.run`.
+- an index of the pods of the watched namespaces: one shared watch (pods.py) for every watcher.
+- a daemon per LeaderElection: `ElectionWatcher.run`, reading its candidates from that index.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import kopf
 
-from elector.kube.operator import resource
+from elector.kube.operator import pods, resource
 from elector.kube.operator.kubeapi import KubeApi
 from elector.kube.operator.metrics import OperatorMetrics
 from elector.kube.operator.watcher import ElectionWatcher, WatchSettings
@@ -73,6 +74,10 @@ def build_handlers(
     async def _cleanup(**_: Any) -> None:
         await api.close()
 
+    @kopf.index("", "v1", "pods", registry=registry, id=pods.INDEX_ID)
+    def _index_pod(*, body: kopf.Body, **_: Any) -> dict[str, pods.Pod]:
+        return pods.pod_entry(body)
+
     @kopf.daemon(
         resource.GROUP,
         resource.VERSION,
@@ -84,10 +89,17 @@ def build_handlers(
         cancellation_timeout=5.0,
     )
     async def _watch(
-        *, body: kopf.Body, logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any
+        *, body: kopf.Body, logger: logging.Logger | logging.LoggerAdapter[Any], **kwargs: Any
     ) -> None:
         watcher = ElectionWatcher(
-            body=body, api=api, metrics=metrics, post_event=post_event, logger=logger, settings=watch_settings
+            body=body,
+            api=api,
+            # kopf's live index, filled before any daemon starts (kopf waits for every index).
+            pod_index=kwargs[pods.INDEX_ID],
+            metrics=metrics,
+            post_event=post_event,
+            logger=logger,
+            settings=watch_settings,
         )
         await watcher.run()
 

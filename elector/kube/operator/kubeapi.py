@@ -1,4 +1,4 @@
-"""A small Kubernetes API client for what kopf does not do for us: pods, secrets, status patches.
+"""A small Kubernetes API client for what kopf does not do for us: pod labels, secrets, status patches.
 
 kopf has no public generic client. Rather than a second full client library (kr8s,
 kubernetes_asyncio) with its own configuration loading, this uses aiohttp (already a dependency)
@@ -185,22 +185,6 @@ class KubeApi:
         raise KubeApiError(f"{method} {path}: unauthorized", status=401)
 
     # -- the requests the operator makes --------------------------------------------------------
-
-    async def list_pods(self, namespace: str, selector: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """Pods in `namespace` matching `selector` (filtered here too: the query is only a hint)."""
-        reply = await self.request(
-            "GET",
-            f"/api/v1/namespaces/{quote(namespace)}/pods",
-            params={"labelSelector": resource.selector_query(selector)},
-        )
-        items = reply.get("items") or [] if isinstance(reply, dict) else []
-        return [
-            pod
-            for pod in items
-            if isinstance(pod, dict)
-            and resource.selector_matches(selector, (pod.get("metadata") or {}).get("labels") or {})
-            and not (pod.get("metadata") or {}).get("deletionTimestamp")
-        ]
 
     async def patch_pod_labels(self, namespace: str, name: str, labels: Mapping[str, str | None]) -> None:
         path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"

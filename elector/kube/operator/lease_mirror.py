@@ -20,6 +20,12 @@ bounded rate whatever the renewal rate, and observers never see a held lock's Le
 while the operator runs. Each write is an update (PUT) carrying the resourceVersion it read:
 a 409 means someone else changed the Lease, so it is read again and the write redone; a 404
 (deleted) means it is created again with the same content.
+
+It writes only a Lease it owns: one it created, which carries the label `elector.io/leader-election`
+naming its LeaderElection. A Lease of the same name that lacks it (a client-go program's own lock, a
+Lease another LeaderElection mirrors into) is never written: the mirror reports the clash (`clash`,
+which the watcher puts in the status and an Event) and reads the Lease again with back-off, so that
+it takes over once the other Lease is gone.
 """
 
 from __future__ import annotations
@@ -125,12 +131,19 @@ class LeaseMirror:
         self._last_write = -math.inf
         self._failures = 0
         self._retry_at = -math.inf
+        #: Why the Lease is not written (another's Lease of that name), or None.
+        self._clash: str | None = None
         #: Writes done (creates and updates): for tests and logs.
         self.writes = 0
 
     @property
     def name(self) -> str:
         return self._name
+
+    @property
+    def clash(self) -> str | None:
+        """Why the Lease is not written: a Lease of that name belongs to someone else (None: ours)."""
+        return self._clash
 
     async def observe(self, holder: Holder | None, *, remaining_ms: int | None) -> None:
         """The lock as just observed; writes the Lease when due. Never raises an API error."""
@@ -217,7 +230,8 @@ class LeaseMirror:
     # -- the API -------------------------------------------------------------------------------
 
     async def _read(self) -> bool:
-        """Load the Lease (a previous operator's record counts: transitions, times)."""
+        """Load the Lease (a previous operator's record counts: transitions, times). False when it
+        cannot be read, or is not ours to write (then `clash` says whose it seems to be)."""
         try:
             lease = await self._api.request("GET", lease_path(self._namespace, self._name))
         except KubeApiError as exc:
@@ -225,7 +239,13 @@ class LeaseMirror:
                 self._failed("read", exc)
                 return False
             lease = None
-        self._lease = lease if isinstance(lease, dict) else None
+        lease = lease if isinstance(lease, dict) else None
+        self._clash = None if lease is None else self._not_ours(lease)
+        if self._clash is not None:
+            self._lease, self._loaded = None, False
+            self._log.debug("%s", self._clash)
+            return False
+        self._lease = lease
         if self._lease is not None and self._spec is None:
             spec = self._lease.get("spec") or {}
             transitions = spec.get("leaseTransitions")
@@ -245,6 +265,23 @@ class LeaseMirror:
                 self._holder = Holder(identity=self._spec.holder_identity, fencing_token=int(token))
                 self._term_max_remaining_ms = (self._spec.lease_duration_s or 0) * 1000
         return True
+
+    def _not_ours(self, lease: Mapping[str, Any]) -> str | None:
+        """Why `lease` is not this mirror's to write, or None when it carries our label."""
+        labels = (lease.get("metadata") or {}).get("labels") or {}
+        owner = labels.get(MIRROR_LABEL)
+        if owner == self._election_name:
+            return None
+        whose = (
+            f"it mirrors LeaderElection {owner} (label {MIRROR_LABEL})"
+            if isinstance(owner, str)
+            else f"it has no label {MIRROR_LABEL}={self._election_name}: another program's Lease"
+        )
+        return (
+            f"Lease {self._name} exists and is not this LeaderElection's: {whose}. It is left as it "
+            "is and not mirrored into; set spec.kubernetesLease.name to another name (or delete that "
+            "Lease if it is a leftover)"
+        )
 
     def _body(self) -> dict[str, Any]:
         assert self._spec is not None
@@ -295,7 +332,7 @@ class LeaseMirror:
                     # meanwhile: read it again and redo the write on the fresh resourceVersion.
                     self._log.info("Lease %s: %s; reading it again", self._name, exc)
                     if not await self._read():
-                        return False
+                        return False  # unreadable, or someone else's now (clash)
                     continue
                 self._failed("write", exc)
                 return False

@@ -11,7 +11,8 @@ ERROR_REASONS = ("invalid_spec", "secret", "redis", "kubernetes", "handoff", "in
 
 
 class OperatorMetrics:
-    """`elector_lock_holder_info{namespace,lock,holder}` and reconcile errors by reason."""
+    """`elector_lock_holder_info{namespace,lock,holder}`, reconcile errors by reason, and whether this
+    replica leads (runs kopf)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.holder_info = Gauge(
@@ -24,6 +25,11 @@ class OperatorMetrics:
             "elector_operator_reconcile_errors_total",
             "Failed reconciliations of LeaderElections, by reason",
             ["reason"],
+            registry=registry,
+        )
+        self.leader = Gauge(
+            "elector_operator_leader",
+            "1 while this replica holds the operator's lease and runs kopf, 0 while it stands by",
             registry=registry,
         )
         for reason in ERROR_REASONS:
@@ -43,6 +49,9 @@ class OperatorMetrics:
 
     def forget(self, *, namespace: str, lock: str) -> None:
         self.set_holder(namespace=namespace, lock=lock, holder=None)
+
+    def leading(self, active: bool) -> None:
+        self.leader.set(1 if active else 0)
 
     def error(self, reason: str) -> None:
         self.reconcile_errors.labels(reason=reason if reason in ERROR_REASONS else "internal").inc()

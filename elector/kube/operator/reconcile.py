@@ -17,6 +17,8 @@ from elector.lease import Candidate, Holder
 REDIS_REACHABLE = "RedisReachable"
 HAS_LEADER = "HasLeader"
 SPEC_VALID = "SpecValid"
+#: Only while the spec keeps a Lease mirror: False when a Lease of that name is someone else's.
+LEASE_MIRRORED = "LeaseMirrored"
 
 
 class EventPoster(Protocol):
@@ -105,8 +107,12 @@ def build_status(
     last_transition_time: str | None,
     candidates: Sequence[Candidate] | None,
     redis_error: str | None,
+    lease_clash: str | None = None,
+    lease_mirror: bool = False,
 ) -> dict[str, Any]:
-    """The status to write. During an outage the last known holder stays, flagged by the condition."""
+    """The status to write. During an outage the last known holder stays, flagged by the condition.
+    With `lease_mirror`, a LeaseMirrored condition: False with `lease_clash` when the Lease of that
+    name is not the mirror's to write."""
     old_conditions = previous.get("conditions") or []
     conditions = [
         resource.condition(
@@ -125,6 +131,16 @@ def build_status(
         ),
         resource.condition(SPEC_VALID, ok=True, reason="Valid", message="", previous=old_conditions),
     ]
+    if lease_mirror:
+        conditions.append(
+            resource.condition(
+                LEASE_MIRRORED,
+                ok=lease_clash is None,
+                reason="Mirrored" if lease_clash is None else "LeaseNotOwned",
+                message=lease_clash or "",
+                previous=old_conditions,
+            )
+        )
     status: dict[str, Any] = {
         "lock": lock,
         "holder": holder.identity if holder is not None else None,

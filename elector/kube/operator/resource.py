@@ -134,12 +134,30 @@ def _check_selector(selector: Any) -> Mapping[str, Any]:
 
 
 def _has_credentials(url: str) -> bool:
-    """A user-info part ("user:pw@host") or a `password=` query parameter (any case, escaped or not)."""
+    """A user-info part ("user:pw@host") or a `password=` query parameter (any case)."""
     if "@" in url.partition("://")[2].partition("/")[0]:
         return True
-    query = url.partition("?")[2].partition("#")[0]
-    keys = (urllib.parse.unquote_plus(part.partition("=")[0]).strip().lower() for part in query.split("&"))
+    keys = (urllib.parse.unquote_plus(key).strip().lower() for key in _query_keys(url))
     return any(key in _CREDENTIAL_QUERY_KEYS for key in keys)
+
+
+def _query_keys(url: str) -> list[str]:
+    query = url.partition("?")[2].partition("#")[0]
+    return [part.partition("=")[0] for part in query.split("&")]
+
+
+def _check_leader_label(label: str, selector: Mapping[str, Any]) -> None:
+    """The label the operator writes must not be one the selector reads: it would overwrite the pods'
+    own label ("app: worker" -> "true"), and their ReplicaSet would lose them and make new ones."""
+    keys = set(selector.get("matchLabels") or {}) | {
+        expr.get("key") for expr in selector.get("matchExpressions") or []
+    }
+    if label in keys:
+        raise SpecError(
+            "leaderLabel",
+            f"{label!r} is a key of the selector: the operator would overwrite the pods' own label "
+            "with \"true\"/\"false\"; choose another leaderLabel (default elector.io/leader)",
+        )
 
 
 def parse_spec(spec: Mapping[str, Any]) -> LeaderElectionSpec:
@@ -157,17 +175,22 @@ def parse_spec(spec: Mapping[str, Any]) -> LeaderElectionSpec:
     if url is not None and _has_credentials(url):
         # A password in a plain spec field is readable by everyone who may read the resource.
         raise SpecError("redis.url", "must not hold credentials: use passwordSecretRef or urlSecretRef")
+    if url is not None and any("%" in key for key in _query_keys(url)):
+        # The CRD's rule cannot unescape them: "p%61ssword" would pass it. No Redis option needs one.
+        raise SpecError("redis.url", "query parameter names must not be percent-encoded")
     leader_label = _str(spec, "leaderLabel", "leaderLabel", default=DEFAULT_LEADER_LABEL)
     assert leader_label is not None
     if not is_label_key(leader_label):
         raise SpecError("leaderLabel", f"{leader_label!r} is not a valid label name")
+    selector = _check_selector(spec.get("selector"))
+    _check_leader_label(leader_label, selector)
     return LeaderElectionSpec(
         lock=lock,
         redis_url=url,
         url_secret=url_secret,
         password_secret=_secret_ref(redis.get("passwordSecretRef"), "redis.passwordSecretRef"),
         key_prefix=_str(redis, "keyPrefix", "redis.keyPrefix", default="elector") or "elector",
-        selector=_check_selector(spec.get("selector")),
+        selector=selector,
         leader_label=leader_label,
         handoff_window_s=_seconds(spec, "handoffWindowSeconds", default=10.0, maximum=_MAX_WINDOW_S),
         handoff_timeout_s=_seconds(spec, "handoffTimeoutSeconds", default=30.0, maximum=_MAX_WINDOW_S),
@@ -207,23 +230,6 @@ def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> 
         if operator == "DoesNotExist" and present:
             return False
     return True
-
-
-def selector_query(selector: Mapping[str, Any]) -> str:
-    """The `labelSelector` query string for a LabelSelector (the server filters; we check again)."""
-    parts = [f"{key}={value}" for key, value in (selector.get("matchLabels") or {}).items()]
-    for expr in selector.get("matchExpressions") or []:
-        values = ",".join(sorted(expr.get("values") or []))
-        match expr["operator"]:
-            case "In":
-                parts.append(f"{expr['key']} in ({values})")
-            case "NotIn":
-                parts.append(f"{expr['key']} notin ({values})")
-            case "Exists":
-                parts.append(expr["key"])
-            case _:
-                parts.append(f"!{expr['key']}")
-    return ",".join(parts)
 
 
 def now_rfc3339() -> str:

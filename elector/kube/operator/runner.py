@@ -1,8 +1,9 @@
 """`elector operator`: the kopf operator for LeaderElections, as a hot-standby singleton.
 
-Every replica starts and contends for the operator's own Redis lease (default lock
-"elector-operator"); only the leader runs kopf (standalone: kopf's peering off), through
-`elector.kube.run_singleton`. Every replica serves /healthz and /metrics.
+Every replica starts and contends for the operator's own Redis lease (default lock named after
+the namespaces it watches, `command.default_operator_lock`); only the leader runs kopf
+(standalone: kopf's peering off), through `elector.kube.run_singleton`. Every replica serves
+/healthz and /metrics.
 """
 
 from __future__ import annotations
@@ -28,14 +29,13 @@ from elector.daemon.http import (
     json_response,
     metrics_handler,
 )
+from elector.kube.operator.command import default_operator_lock
 from elector.kube.operator.handlers import Login, build_handlers, configure_settings
 from elector.kube.operator.kubeapi import KubeApi
 from elector.kube.operator.metrics import OperatorMetrics
 from elector.kube.operator.watcher import WatchSettings
 from elector.kube.singleton import run_singleton
-from elector.metrics import register_process_metrics
-
-DEFAULT_LOCK = "elector-operator"
+from elector.telemetry.metrics import register_process_metrics
 
 
 def default_identity(environ: Mapping[str, str] = os.environ) -> str:
@@ -48,7 +48,8 @@ class OperatorSettings:
 
     redis: RedisSettings
     identity: str
-    lock: str = DEFAULT_LOCK
+    #: The operator's own lock; empty: named after what it watches (`default_operator_lock`).
+    lock: str = ""
     ttl_s: float = 10.0
     #: Namespaces whose LeaderElections are watched; empty with `clusterwide`: all of them.
     namespaces: tuple[str, ...] = ()
@@ -59,6 +60,9 @@ class OperatorSettings:
     def __post_init__(self) -> None:
         if self.clusterwide == bool(self.namespaces):
             raise ValueError("give --namespace (one or more) or --all-namespaces, not both and not neither")
+        if not self.lock:
+            derived = default_operator_lock(self.namespaces, clusterwide=self.clusterwide)
+            object.__setattr__(self, "lock", derived)
 
 
 def make_http_app(registry: CollectorRegistry, *, is_leader: elector.Elector) -> HttpApp:
@@ -109,6 +113,9 @@ async def run_operator(
                     namespaces=settings.namespaces,
                     clusterwide=settings.clusterwide,
                     stop_flag=stop_flag,
+                    # ElectorOperatorDown: no replica leads, so labels and status stand still.
+                    on_leading=lambda _: metrics.leading(True),
+                    on_stopped=lambda _: metrics.leading(False),
                 )
             finally:
                 await server.stop()

@@ -2,9 +2,11 @@
 
 Runs as a kopf daemon body. Each cycle looks at the lock (`observe`) and its candidates; an
 announcement on the lock's channel starts the next cycle at once, otherwise it comes after
-`poll_s`. Pod labels are put right at once on a transition and re-checked every `pod_resync_s`
-(pods that appear later get their label then). Nothing here raises out of the loop: Redis and
-API failures become a status condition, a log line and a metric, and the loop goes on.
+`poll_s`. The candidate pods come from the operator's one shared watch of pods (pods.py), not
+from a request of this watcher: every cycle compares their labels with the lock and patches only
+what differs (pods that appear later get their label at the next cycle). Nothing here raises out
+of the loop: Redis and API failures become a status condition, a log line and a metric, and the
+loop goes on.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from elector.backend import (
     redact_url,
 )
 from elector.kube.operator import handoff_annotation as handoff
-from elector.kube.operator import reconcile, resource
+from elector.kube.operator import pods, reconcile, resource
 from elector.kube.operator.kubeapi import KubeApi, KubeApiError
 from elector.kube.operator.lease_mirror import LeaseMirror
 from elector.kube.operator.metrics import OperatorMetrics
@@ -37,10 +39,8 @@ from elector.lease import Candidate, Holder, LeaseBackendError, LeaseEventSubscr
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class WatchSettings:
-    #: Time between looks at the lock when no announcement comes.
+    #: Time between looks at the lock (and at the candidates' labels) when no announcement comes.
     poll_s: float = 1.0
-    #: Time between re-checks of every candidate pod's label.
-    pod_resync_s: float = 5.0
     #: Timeout of each Redis request.
     redis_timeout_s: float = 1.0
     #: Longest pause after a failure (Redis, the API, a bad spec).
@@ -49,7 +49,7 @@ class WatchSettings:
     lease_min_write_interval_s: float = 1.0
 
     def __post_init__(self) -> None:
-        names = ("poll_s", "pod_resync_s", "redis_timeout_s", "max_backoff_s", "lease_min_write_interval_s")
+        names = ("poll_s", "redis_timeout_s", "max_backoff_s", "lease_min_write_interval_s")
         for name in names:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -71,6 +71,7 @@ class ElectionWatcher:
         *,
         body: Mapping[str, Any],
         api: KubeApi,
+        pod_index: pods.PodIndex,
         metrics: OperatorMetrics,
         post_event: reconcile.EventPoster,
         logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
@@ -83,6 +84,8 @@ class ElectionWatcher:
         self._namespace: str = meta["namespace"]
         self._name: str = meta["name"]
         self._api = api
+        self._pod_index = pod_index
+        self._label_memo = pods.PodLabelMemo()
         self._metrics = metrics
         self._post = post_event
         self._log = logger
@@ -99,11 +102,12 @@ class ElectionWatcher:
         self._written: dict[str, Any] | None = None
         #: The spec problem last reported (an Event each time it changes, not every retry).
         self._invalid_reported: str | None = None
+        #: The Lease clash last reported (an Event each time it changes).
+        self._clash_reported: str | None = None
         #: (selector, label) of the pods whose leader label this watcher put; older ones, whose
         #: labels must go after a spec change, are in `_stale_labels`.
         self._label_scope: tuple[Mapping[str, Any], str] | None = None
         self._stale_labels: list[tuple[Mapping[str, Any], str]] = []
-        self._next_resync = 0.0
         self._metric_lock: str | None = None
         self._handoffs = handoff.HandoffRunner(
             body=body, api=api, metrics=metrics, post_event=post_event, logger=logger
@@ -196,7 +200,6 @@ class ElectionWatcher:
                     current = None
                 if current != spec:
                     self._log.info("LeaderElection spec changed; reconnecting")
-                    self._next_resync = 0.0  # labels under a new selector or label: at once
                     return
                 if subscription is None:
                     with contextlib.suppress(LeaseBackendError):  # announcements only speed things up
@@ -238,12 +241,7 @@ class ElectionWatcher:
             return False
         holder = observation.holder
         transition = reconcile.detect_transition(self._holder, holder)
-        now = self._clock()
-        pods: dict[str, Mapping[str, Any]] | None = None
-        if transition is not None or now >= self._next_resync:
-            pods = await self._relabel(spec, holder)
-            if pods is not None:
-                self._next_resync = now + self._settings.pod_resync_s
+        pods_by_name, labelled = await self._relabel(spec, holder)
         if transition is not None:
             self._transitions += 1
             self._last_transition_time = resource.now_rfc3339()
@@ -255,16 +253,13 @@ class ElectionWatcher:
                 f"{holder.identity} (fencing token {holder.fencing_token})" if holder else "(free)",
             )
             reconcile.post_transition_events(
-                self._post, election=self._body, lock=spec.lock, transition=transition, pods=pods or {}
+                self._post, election=self._body, lock=spec.lock, transition=transition, pods=pods_by_name
             )
         self._export_holder(spec.lock, holder)
-        holder_pod = (
-            holder.identity if holder is not None and pods is not None and holder.identity in pods else None
-        )
-        if holder_pod is None and holder is not None and pods is None:
-            holder_pod = (
-                self._status.get("holderPod") if self._status.get("holder") == holder.identity else None
-            )
+        holder_pod = holder.identity if holder is not None and holder.identity in pods_by_name else None
+        if self._mirror is not None:
+            await self._mirror.observe(holder, remaining_ms=observation.remaining_ms)
+            self._report_lease_clash()
         status = reconcile.build_status(
             previous=self._status,
             lock=spec.lock,
@@ -274,11 +269,24 @@ class ElectionWatcher:
             last_transition_time=self._last_transition_time,
             candidates=candidates,
             redis_error=None,
+            **self._lease_condition(),
         )
         await self._write_status(status)
-        if self._mirror is not None:
-            await self._mirror.observe(holder, remaining_ms=observation.remaining_ms)
-        return pods is not None or transition is None
+        return labelled
+
+    def _lease_condition(self) -> dict[str, Any]:
+        """build_status's view of the Lease mirror: none, ours, or someone else's Lease."""
+        if self._mirror is None:
+            return {}
+        return {"lease_mirror": True, "lease_clash": self._mirror.clash}
+
+    def _report_lease_clash(self) -> None:
+        """A Warning Event when the mirror finds another's Lease: once per distinct clash."""
+        clash = self._mirror.clash if self._mirror is not None else None
+        if clash is not None and clash != self._clash_reported:
+            self._log.warning("%s", clash)
+            self._post(self._body, type="Warning", reason="LeaseNotOwned", message=clash)
+        self._clash_reported = clash
 
     def _make_mirror(self, spec: resource.LeaderElectionSpec) -> LeaseMirror | None:
         if not spec.kubernetes_lease:
@@ -296,24 +304,37 @@ class ElectionWatcher:
 
     async def _relabel(
         self, spec: resource.LeaderElectionSpec, holder: Holder | None
-    ) -> dict[str, Mapping[str, Any]] | None:
-        """Put the leader label right on every candidate pod; the pods by name, None on failure."""
+    ) -> tuple[dict[str, pods.Pod], bool]:
+        """Put the leader label right on every candidate pod (as the shared pod watch shows them);
+        the candidates by name, and whether every patch went through (else: retried with back-off)."""
         scope = (spec.selector, spec.leader_label)
         if self._label_scope is not None and self._label_scope != scope:
             self._stale_labels.append(self._label_scope)
         self._label_scope = scope
+        candidates = pods.candidates(self._pod_index, self._namespace, spec.selector)
+        by_name = {str(pod["metadata"]["name"]): pod for pod in candidates}
+        self._label_memo.forget_gone(
+            str(pod["metadata"]["name"]) for pod in self._pod_index.get(self._namespace) or ()
+        )
         try:
-            pods = await self._api.list_pods(self._namespace, spec.selector)
-            changes = reconcile.label_changes(pods, holder=holder, label=spec.leader_label)
+            changes = reconcile.label_changes(candidates, holder=holder, label=spec.leader_label)
             # The old holder first: for a moment no pod is "true" rather than two.
             for name, value in sorted(changes.items(), key=lambda item: item[1] == "true"):
-                await self._api.patch_pod_labels(self._namespace, name, {spec.leader_label: value})
+                await self._patch_label(by_name[name], spec.leader_label, value)
             await self._remove_stale_labels(spec)
         except KubeApiError as exc:
             self._metrics.error("kubernetes")
             self._log.warning("cannot label the candidate pods: %s", exc)
-            return None
-        return {pod["metadata"]["name"]: pod for pod in pods}
+            return by_name, False
+        return by_name, True
+
+    async def _patch_label(self, pod: pods.Pod, label: str, value: str | None) -> None:
+        """Patch one label, unless this very value was written and the watch has not shown the pod
+        since (the index lags a patch by a watch event: no second patch meanwhile)."""
+        if self._label_memo.pending(pod, label, value):
+            return
+        await self._api.patch_pod_labels(self._namespace, str(pod["metadata"]["name"]), {label: value})
+        self._label_memo.wrote(pod, label, value)
 
     async def _remove_stale_labels(self, spec: resource.LeaderElectionSpec) -> None:
         """After a change of selector or leaderLabel: take the old label off the pods the old
@@ -321,12 +342,11 @@ class ElectionWatcher:
         an old "true". Done after the new labels are on; a failure is retried next cycle."""
         while self._stale_labels:
             selector, label = self._stale_labels[0]
-            for pod in await self._api.list_pods(self._namespace, selector):
-                meta = pod.get("metadata") or {}
-                labels = meta.get("labels") or {}
+            for pod in pods.candidates(self._pod_index, self._namespace, selector):
+                labels = pod["metadata"].get("labels") or {}
                 owned = label == spec.leader_label and resource.selector_matches(spec.selector, labels)
                 if label in labels and not owned:
-                    await self._api.patch_pod_labels(self._namespace, str(meta["name"]), {label: None})
+                    await self._patch_label(pod, label, None)
             self._stale_labels.pop(0)
             self._log.info("removed the old label %s from the pods of the old selector", label)
 
@@ -362,6 +382,7 @@ class ElectionWatcher:
             last_transition_time=self._last_transition_time,
             candidates=None,
             redis_error=message,
+            **self._lease_condition(),
         )
         await self._write_status(status)
 

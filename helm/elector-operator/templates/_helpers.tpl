@@ -110,6 +110,14 @@ imagePullSecrets:
 {{- end }}
 {{- end }}
 
+{{/*
+The operator replicas' own lock: lock, else "elector-operator/<release namespace>/<release name>". One
+release's replicas share it; another release (another team's operator, for other namespaces) has its own.
+*/}}
+{{- define "elector-operator.lock" -}}
+{{- .Values.lock | default (printf "elector-operator/%s/%s" .Release.Namespace .Release.Name) }}
+{{- end }}
+
 {{/* The namespaces it watches, comma-separated: namespaces, else the release's. */}}
 {{- define "elector-operator.namespaces" -}}
 {{- if .Values.namespaces }}{{ join "," .Values.namespaces }}{{ else }}{{ .Release.Namespace }}{{ end }}
@@ -140,6 +148,19 @@ URL, which may hold a password.
 {{- end }}
 {{- if and (empty $tls.caKey) (empty $tls.certKey) }}
 {{- fail "redis.tls.existingSecret is set but caKey, certKey and keyKey are all empty: nothing to mount" }}
+{{- end }}
+{{- end }}
+{{- /* The NetworkPolicy must let the operator reach the Redis of its own lease (each host of a Sentinel URL). */}}
+{{- if and .Values.networkPolicy.enabled (ne (include "elector-operator.redisScheme" .) "unix") }}
+{{- $defaultPort := ternary "26379" "6379" (contains "sentinel" (include "elector-operator.redisScheme" .)) }}
+{{- range splitList "," $authority }}
+{{- $hostPort := regexReplaceAll "^\\[[^\\]]*\\]" . "" | splitList ":" }}
+{{- $port := ternary $defaultPort (last $hostPort) (eq (len $hostPort) 1) }}
+{{- $ports := list }}
+{{- range $.Values.networkPolicy.redis.ports }}{{ $ports = append $ports (toString (int .)) }}{{ end }}
+{{- if not (has $port $ports) }}
+{{- fail (printf "networkPolicy.redis.ports has no %s, the port of redis.url: the operator could not reach the Redis of its own lease; add it (or set networkPolicy.enabled false)" $port) }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- if .Values.podDisruptionBudget.enabled }}
@@ -176,5 +197,18 @@ checkov.io/skip2: "CKV_K8S_15=pullPolicy IfNotPresent: release tags are immutabl
 checkov.io/skip3: "CKV_K8S_43=The default image is a release tag (the chart's appVersion); image.digest pins it by digest"
 checkov.io/skip4: "CKV_K8S_38=It talks to the Kubernetes API (LeaderElections, pods, Leases, Events): it needs its ServiceAccount token"
 checkov.io/skip5: "CKV_K8S_40=No fixed UID on purpose: the image runs as UID 10001, and OpenShift's restricted SCC assigns one from the namespace's range; set securityContext.runAsUser to pin one"
-checkov.io/skip6: "CKV2_K8S_6=It reaches the API server and every Redis the LeaderElections name, which are not known at install time; add a NetworkPolicy of your own"
+{{- end }}
+
+{{/*
+checkov's skip of CKV2_K8S_6 (pods without a NetworkPolicy): the operator's pods have one unless
+networkPolicy.enabled is false; the pre-delete hook's Job (a pod for the length of `helm uninstall`) has none.
+Call with (list $ "deployment") or (list $ "job").
+*/}}
+{{- define "elector-operator.checkovNetworkPolicySkip" -}}
+{{- $root := index . 0 }}
+{{- if eq (index . 1) "job" }}
+checkov.io/skip6: "CKV2_K8S_6=The pre-delete hook's Job lives for the length of helm uninstall and only talks to the API server; its ServiceAccount may do nothing else"
+{{- else if not $root.Values.networkPolicy.enabled }}
+checkov.io/skip6: "CKV2_K8S_6=networkPolicy.enabled is false: the operator reaches the API server and every Redis the LeaderElections name; add a NetworkPolicy of your own"
+{{- end }}
 {{- end }}

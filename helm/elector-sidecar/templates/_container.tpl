@@ -90,6 +90,10 @@ containers of the pod share its network namespace, so one of the two would fail 
   value: {{ $v.redis.url | quote }}
 - name: ELECTOR_LOCK
   value: {{ include "elector-sidecar.lock" . | quote }}
+{{- with include "elector-sidecar.predecessorLock" . }}
+- name: ELECTOR_PREDECESSOR_LOCK
+  value: {{ . | quote }}
+{{- end }}
 - name: ELECTOR_TTL
   value: {{ $v.ttl | quote }}
 - name: ELECTOR_HTTP_ADDRESS

@@ -28,6 +28,14 @@ image:
 # namespaces never share a leader. Name one lock without the namespace only to share it on purpose.
 # A value empty after templating is refused.
 lock: ""
+# The name the previous release gave the lock (ELECTOR_PREDECESSOR_LOCK): a replica leads only while it holds
+# that lock too, so old and new pods of a rolling update that renames the lock (and of its rollback) exclude each
+# other, whatever renders the chart (helm upgrade, helm template, Argo CD, Flux). "auto": chart 0.1.0's default
+# name when `lock` is empty ("<full name>"; in a chart that included the 0.1.0 sidecar, "<release>-elector"), none
+# when `lock` is set. "": none. Anything else: that name (a template). Set it to "" once no 0.1.0 pod can come
+# back (docs/upgrades.md): until then two releases of one name in two namespaces on one Redis exclude each other
+# as they did in 0.1.0.
+predecessorLock: auto
 # The Redis server holding the lock.
 redis:
   # ELECTOR_REDIS_URL: redis://host:port/db, rediss:// for TLS, unix:///path, or

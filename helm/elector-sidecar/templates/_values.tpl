@@ -209,6 +209,41 @@ Fails when the result is empty or not a lock name the daemon takes. Takes the in
 {{- $lock }}
 {{- end }}
 
+{{/*
+elector-sidecar.predecessorLock: the lock's previous name (see the `predecessorLock` default), or "" for none.
+"auto" is chart 0.1.0's default lock name when `lock` is empty: the elector chart's full name, which in a
+chart that included the 0.1.0 sidecar as a dependency was the `elector` subchart's ("<release>-elector", or the
+release name when it contains "elector"). Fails when the name is not a lock name or is the lock itself.
+*/}}
+{{- define "elector-sidecar.predecessorLock" -}}
+{{- $v := include "elector-sidecar.values" . | fromYaml }}
+{{- $ctx := .context }}
+{{- $given := toString ($v.predecessorLock | default "") }}
+{{- $name := "" }}
+{{- if eq $given "auto" }}
+{{- if eq (toString ($v.lock | default "")) "" }}
+{{- if eq $ctx.Chart.Name "elector" }}
+{{- $name = include "elector-sidecar.fullname" $ctx }}
+{{- else if contains "elector" $ctx.Release.Name }}
+{{- $name = $ctx.Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name = printf "%s-elector" $ctx.Release.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- else if ne $given "" }}
+{{- $name = tpl $given $ctx | trim }}
+{{- end }}
+{{- if $name }}
+{{- if not (regexMatch "^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,199}$" $name) }}
+{{- fail (printf "elector-sidecar: predecessorLock %q is not a lock name: 1-200 characters, letters, digits and . _ : / @ -, starting with a letter or digit" $name) }}
+{{- end }}
+{{- if eq $name (include "elector-sidecar.lock" .) }}
+{{- fail (printf "elector-sidecar: predecessorLock %q is the lock itself; name the lock the previous release used, or \"\" for none" $name) }}
+{{- end }}
+{{- end }}
+{{- $name }}
+{{- end }}
+
 {{/* The including chart's usual full name (fullnameOverride, else "<release>-<name>", at most 63). */}}
 {{- define "elector-sidecar.fullname" -}}
 {{- if .Values.fullnameOverride }}

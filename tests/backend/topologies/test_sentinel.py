@@ -136,7 +136,7 @@ def test_planned_failover_never_strands_a_leader_on_the_old_master(
 
     A leader whose pooled connections stayed on it would keep renewing THERE while the new master's
     copy expires, and a replica that connects afresh (a restarted pod) would be granted the lock:
-    two leaders. The sentinel watcher (backend/sentinel_watch.py) moves every connection to the new
+    two leaders. The sentinel watcher (backend/topologies/sentinel_watch.py) moves every connection to the new
     master at once, with or without --min-replicas-ack (tests/backend/topologies/test_sentinel_switch.py shows
     the bug with the watcher off). A try in which the old master was demoted before pod-b had
     connected did not meet the hazard: it proves nothing and is run again (FAILOVER_TRIES).

@@ -28,7 +28,7 @@ from elector.election.clock import boottime
 from tests.support.seed import seed_used_lock
 from tests.support.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOCK = "jobs"
 TTL_S = 2.0
 #: Bounds on hangs, not measurements: the old guard let the leader live through the whole C call.

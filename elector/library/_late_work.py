@@ -13,14 +13,33 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 
-from elector.api_term import TermBody
+from prometheus_client import CollectorRegistry, Gauge
+
 from elector.election import Election
+from elector.library.term import TermBody
 
 logger = logging.getLogger("elector.api")
 
 #: How often a body still running after its term's stop_work_s is cancelled again.
 LATE_BODY_RECANCEL_S = 0.01
+
+_WAITING_GAUGES: weakref.WeakKeyDictionary[CollectorRegistry, Gauge] = weakref.WeakKeyDictionary()
+
+
+def waiting_for_own_work_gauge(registry: CollectorRegistry) -> Gauge:
+    """`elector_waiting_for_own_work{lock}` on `registry` (one family per registry)."""
+    gauge = _WAITING_GAUGES.get(registry)
+    if gauge is None:
+        gauge = _WAITING_GAUGES[registry] = Gauge(
+            "elector_waiting_for_own_work",
+            "1 while this Elector does not contend because its own leader work of an ended term "
+            "still runs (it outlived stop_work_s), else 0",
+            ["lock"],
+            registry=registry,
+        )
+    return gauge
 
 
 class LateWork:

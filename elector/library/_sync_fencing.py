@@ -1,4 +1,4 @@
-"""Fenced writes on redis-py's sync client: `elector.sync.FencedStore` (see elector.fencing)."""
+"""Fenced writes on redis-py's sync client: `elector.sync.FencedStore` (see elector.library.fencing)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import redis.asyncio
 import redis.exceptions
 from redis.commands.core import Script
 
-from elector.fencing import (
+from elector.library.fencing import (
     FENCED_DELETE,
     FENCED_SET,
     RAISE_FENCE,

@@ -1,4 +1,4 @@
-"""The kernel timer behind `on_overrun="exit"` (elector/kill_timer.py, elector/sync_overrun.py).
+"""The kernel timer behind `on_overrun="exit"` (elector/library/_kill_timer.py, _sync_overrun.py).
 
 Each case runs in a child program (a timer that fires kills its process: never pytest's own) and
 is judged by how that program ended and what it printed. Bounds on waits are hang bounds.
@@ -16,13 +16,13 @@ import redis
 
 from tests.support.seed import seed_used_lock
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HANG_S = 60
 
 PRELUDE = """
 import os, sys, time
 from elector.election.clock import boottime
-from elector.kill_timer import KillTimer
+from elector.library._kill_timer import KillTimer
 
 def hold_the_gil(seconds):
     import ctypes

@@ -1,6 +1,6 @@
 """A kernel timer that SIGKILLs this process at a deadline: a hard stop that needs no Python code.
 
-Private (the sync API's `on_overrun="exit"` uses it, see sync_overrun.py). A Python thread cannot
+Private (the sync API's `on_overrun="exit"` uses it, see _sync_overrun.py). A Python thread cannot
 be relied on to end the process in time: a C call that holds the GIL (a regex that backtracks,
 a C extension's long loop) keeps every other thread of the process from running, and with them
 any watchdog thread and the `signal` module's handlers (SIGALRM from `setitimer` included). A
@@ -15,8 +15,8 @@ user code, whatever holds the GIL, and even while it is stopped (SIGSTOP).
 * POSIX timers are not inherited across fork() and are deleted by execve(): a child of the owning
   process has no timer aimed at it, and a `KillTimer` copied into a child does nothing there
   (timer ids are per process: the child's own timer may have the very same id).
-* Re-arming is one `timer_settime` call through ctypes: about a microsecond (docs/benchmarks.md,
-  overrun_kill). ctypes is imported only when a timer is created.
+* Re-arming is one `timer_settime` call through ctypes, cheap enough for every renewal (its cost:
+  docs/benchmarks.md, overrun_kill). ctypes is imported only when a timer is created.
 
 Linux only (glibc or musl). Elsewhere `KillTimer.create` raises `KillTimerUnavailable`.
 """

@@ -22,7 +22,7 @@ from tests.support.seed import seed_used_lock
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import until
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOCK = "jobs"
 TTL_S = 1.0
 

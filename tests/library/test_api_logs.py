@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from elector.api_logs import ElectionLog
 from elector.election import CycleOutcome, OutcomeKind, State
+from elector.telemetry.outcome_log import ElectionLog
 
 
 def _failure(kind: str, *, at: float) -> CycleOutcome:

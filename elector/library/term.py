@@ -12,9 +12,9 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol
 
-from elector.api_errors import LeadershipLost, ProcessBound, refuse_pickling
 from elector.election import ElectionStatus, StepDownReason
 from elector.lease import Lease
+from elector.library.errors import LeadershipLost, ProcessBound, refuse_pickling
 
 
 class TermBody(Protocol):
@@ -31,7 +31,7 @@ class TermBody(Protocol):
 
 
 class TermOwner(Protocol):
-    """What a block needs of its Elector (elector.api.Elector)."""
+    """What a block needs of its Elector (elector.library.elector.Elector)."""
 
     lock: str
 

@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from elector.election.outcome import CycleOutcome, OutcomeKind, State, StepDownReason
 from elector.lease import Holder
-from elector.metrics import ElectionMetrics, MetricFamilies, per_lock_metrics
+from elector.telemetry.metrics import ElectionMetrics, MetricFamilies, per_lock_metrics
 from tests.support.fake_status import FakeStatus
 
 ME = Holder(identity="pod-a", fencing_token=7)

@@ -36,7 +36,7 @@ Callbacks, plain or async, run one at a time in order in their own task: a slow 
 a renewal, and one that raises is logged.
 
 `leadership(timeout=...)` and `wait_for_leadership(timeout=...)` bound the wait to lead
-(`LeadershipTimeout`), never the body. Logs go to the `elector.api` logger (see api_logs.py);
+(`LeadershipTimeout`), never the body. Logs go to the `elector.api` logger (see telemetry/outcome_log.py);
 `elector.run(main())` makes SIGTERM release the lease; `elector.sync` is the same election for
 sync programs, run on a thread of its own.
 
@@ -55,30 +55,6 @@ from types import TracebackType
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
-from elector.api_callbacks import CallbackRunner
-from elector.api_connections import connect_lease
-from elector.api_errors import (
-    ForkedElectorError,
-    LeadershipLost,
-    LeadershipTimeout,
-    LeaderWorkNotStopped,
-    ProcessBound,
-    RedisSetupError,
-    WithheldReleaseFilter,
-    not_running_message,
-    refuse_pickling,
-)
-from elector.api_late_work import LateWork
-from elector.api_logs import ElectionLog, waiting_for_own_work_gauge
-from elector.api_params import (
-    ElectorConfigError,
-    build_timing,
-    checked,
-    checked_stand_back,
-    checked_timeout,
-    lease_source,
-)
-from elector.api_term import Leadership, LeadershipScope, TermBody
 from elector.backend.topologies.factory import LeaseConnections
 from elector.backend.topologies.sentinel_watch import (
     SentinelMasterWatcher,
@@ -101,7 +77,31 @@ from elector.lease import (
     check_priority,
     default_library_identity,
 )
-from elector.metrics import ElectionMetrics, MetricFamilies
+from elector.library._callbacks import CallbackRunner
+from elector.library._connections import connect_lease
+from elector.library._late_work import LateWork, waiting_for_own_work_gauge
+from elector.library._params import (
+    ElectorConfigError,
+    build_timing,
+    checked,
+    checked_stand_back,
+    checked_timeout,
+    lease_source,
+)
+from elector.library.errors import (
+    ForkedElectorError,
+    LeadershipLost,
+    LeadershipTimeout,
+    LeaderWorkNotStopped,
+    ProcessBound,
+    RedisSetupError,
+    WithheldReleaseFilter,
+    not_running_message,
+    refuse_pickling,
+)
+from elector.library.term import Leadership, LeadershipScope, TermBody
+from elector.telemetry.metrics import ElectionMetrics, MetricFamilies
+from elector.telemetry.outcome_log import ElectionLog
 
 __all__ = [
     "Elector",
@@ -114,7 +114,8 @@ __all__ = [
     "RedisSetupError",
 ]
 
-logger = logging.getLogger(__name__)
+# The library's logger keeps the name users filter on (docs/library.md), wherever the module lives.
+logger = logging.getLogger("elector.api")
 logging.getLogger("elector.election.machine").addFilter(WithheldReleaseFilter())
 
 #: One set of metric families per registry (registering a second one fails), shared by its Electors.
@@ -171,7 +172,7 @@ class Elector:
         if not isinstance(fail_fast, bool):
             raise ElectorConfigError("fail_fast", f"must be True or False, got {fail_fast!r}")
         self._fail_fast = fail_fast
-        #: Used only in this process: a fork's copy is refused (see api_errors.ForkedElectorError).
+        #: Used only in this process: a fork's copy is refused (see errors.ForkedElectorError).
         self._process = ProcessBound(lock=self.lock, what="Elector")
         identity = default_library_identity() if identity is None else identity
         self.identity = checked("identity", check_identity, identity)
@@ -314,7 +315,7 @@ class Elector:
             raise RuntimeError(f"the Elector of lock {self.lock!r} is not started")
         return self._election.status()
 
-    # `timeout=`, not asyncio.timeout(): that one would also cancel the body (issue 24, item 2).
+    # `timeout=`, not asyncio.timeout(): that one would also cancel the body.
     async def wait_for_leadership(self, *, timeout: float | None = None) -> Leadership:  # noqa: ASYNC109
         """Wait until this process leads, and return the term (nothing is cancelled when it ends).
 

@@ -24,7 +24,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff, NoBackoff
 
 import elector
-import elector.api
+import elector.library.elector
 from elector import Elector, ElectorConfigError, Leadership, LeadershipLost, StepDownReason
 from elector.backend.lua.lease import LockKeys
 from elector.control.handoff import run_handoff
@@ -493,7 +493,8 @@ async def test_a_client_decoding_responses_and_misuse_are_refused(redis_url: str
 
 
 def test_the_package_exports_the_api_lazily() -> None:
-    probe = "import sys, elector; print(sorted(m for m in ('redis', 'elector.api') if m in sys.modules))"
+    modules = "('redis', 'elector.library.elector')"
+    probe = f"import sys, elector; print(sorted(m for m in {modules} if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True)
     assert done.stdout == "[]\n"  # `import elector` stays cheap for the CLI
     assert elector.Elector is Elector and elector.StepDownReason is StepDownReason
@@ -587,7 +588,7 @@ async def test_a_body_slower_than_stop_work_s_never_runs_beside_its_successor(
 
 async def test_the_elector_counts_on_the_boottime_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     # CLOCK_BOOTTIME equals CLOCK_MONOTONIC on a host that never slept: shift it to tell them apart.
-    monkeypatch.setattr(elector.api, "boottime", lambda: boottime() + 1000.0)
+    monkeypatch.setattr(elector.library.elector, "boottime", lambda: boottime() + 1000.0)
     e = Elector(LOCK, redis="redis://127.0.0.1:1/0", identity="a", ttl_s=TTL_S)
     await e.start()
     try:

@@ -14,7 +14,7 @@ import redis
 import elector.sync
 from tests.support.seed import seed_used_lock
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOCK = "jobs"
 
 #: A worker that leads, then ends with sys.exit without closing its Elector (what a gunicorn or

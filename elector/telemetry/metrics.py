@@ -8,8 +8,8 @@ Every series carries a `lock` label. One registry holds one set of metric famili
 (`MetricFamilies`) that any number of locks plug into; an exposition must not repeat a family,
 so a second lock reuses the families instead of registering new ones.
 
-Per-lock series cost ~45 series per lock: at 10,000 locks, 450,000 series per scrape, a
-cardinality problem for Prometheus and seconds of CPU per scrape here. `MetricFamilies(...,
+Per-lock series cost dozens of series per lock: at thousands of locks, a cardinality problem for
+Prometheus and seconds of CPU per scrape here (docs/benchmarks.md, many_locks). `MetricFamilies(...,
 per_lock=False)` exports the same counters and renew histogram WITHOUT the `lock` label (totals
 over the locks, so `sum(rate(...))` and `histogram_quantile(0.99, sum by (le) (...))` read the
 same either way) and, instead of the per-lock gauges, counts of locks: managed, led, and with

@@ -23,7 +23,7 @@ import elector.sync
 from tests.support.seed import seed_used_lock
 from tests.support.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOCK = "jobs"
 TTL_S = 1.0
 

@@ -26,9 +26,6 @@ from types import TracebackType
 
 import redis.asyncio as aioredis
 
-from elector.api_connections import open_connections
-from elector.api_errors import ProcessBound, refuse_pickling
-from elector.api_params import build_timing, checked, factory_of, lease_source
 from elector.backend import RedisLeaseBackend
 from elector.backend.topologies.factory import LeaseConnections
 from elector.backoff import backoff_delay_s
@@ -40,6 +37,9 @@ from elector.lease import (
     LeaseEventSubscription,
     check_lock_name,
 )
+from elector.library._connections import open_connections
+from elector.library._params import build_timing, checked, factory_of, lease_source
+from elector.library.errors import ProcessBound, refuse_pickling
 
 logger = logging.getLogger("elector.api")
 
@@ -86,7 +86,7 @@ class LeaderWatch:
         key_prefix: str = "elector",
     ) -> None:
         self.lock = checked("lock", check_lock_name, lock)
-        #: Used only in this process: a fork's copy is refused (see api_errors.ForkedElectorError).
+        #: Used only in this process: a fork's copy is refused (see errors.ForkedElectorError).
         self._process = ProcessBound(lock=self.lock, what="watch")
         self.timing = build_timing(
             ttl_s=ttl_s,

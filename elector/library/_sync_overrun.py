@@ -5,7 +5,7 @@ Private (elector.sync uses it). Two stops, one behind the other:
 * The guard thread ends the process with `os._exit(OVERRUN_EXIT_CODE)`, after a CRITICAL log line,
   once a body is still running at its deadline: the earlier of its term's end plus `stop_work_s`
   and the validity end of its term's last renewal.
-* A kernel timer (kill_timer.py) SIGKILLs the process `kill_grace_s` after the latest validity end,
+* A kernel timer (_kill_timer.py) SIGKILLs the process `kill_grace_s` after the latest validity end,
   for when no Python thread of the process can run then: a C call holding the GIL, a SIGSTOP.
   It is armed while a body runs in a term and re-armed by the election's loop at each renewal,
   first thing in the Elector's outcome hook; disarmed when the last body has left its block;
@@ -26,10 +26,10 @@ import threading
 import warnings
 from typing import Protocol
 
-from elector.api_term import Leadership
 from elector.election import CycleOutcome, ElectionTiming, StepDownReason
 from elector.election.clock import boottime
-from elector.kill_timer import KillTimer, KillTimerUnavailable
+from elector.library._kill_timer import KillTimer, KillTimerUnavailable
+from elector.library.term import Leadership
 
 logger = logging.getLogger("elector.api")
 

@@ -1,4 +1,4 @@
-"""Fenced writes (`elector.fencing`) against a real redis-server, one per module."""
+"""Fenced writes (`elector.library.fencing`) against a real redis-server, one per module."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio
 import redis.exceptions
 
-from elector.fencing import (
+from elector.library.fencing import (
     MAX_FENCING_TOKEN,
     CorruptFenceKeyError,
     FencedStore,
@@ -21,12 +21,14 @@ from elector.fencing import (
 )
 from elector.testing.redis_server import RedisServerProcess, free_tcp_port
 from tests.support.expiry import assert_expiry_set, started_s
+from tests.support.tiers import REDIS, needs
 
 # Real tokens are Redis server time in ms: big numbers, where float rounding would show.
 T = 1_795_296_567_927
 
 
 @pytest.fixture(scope="module")
+@needs(REDIS)
 def module_redis() -> Iterator[RedisServerProcess]:
     with RedisServerProcess() as server:
         yield server

@@ -17,6 +17,7 @@ from elector.backend.lua.lease import LockKeys
 from elector.testing.redis_server import RedisServerProcess
 from tests.support.cluster import LocalCluster
 from tests.support.sentinel import SentinelSet
+from tests.support.tiers import REDIS, needs
 
 LOCK = "jobs"
 KEYS = LockKeys(LOCK)
@@ -59,6 +60,7 @@ def elector_factory(**where: Any) -> Callable[[str], Elector]:
 
 
 @pytest.fixture
+@needs(REDIS)
 def sentinel_set() -> Iterator[SentinelSet]:
     with SentinelSet(replicas=1) as deployment:
         yield deployment
@@ -78,6 +80,7 @@ async def test_a_sentinel_url_leads_on_the_master(sentinel_set: SentinelSet) -> 
 
 
 @pytest.fixture
+@needs(REDIS)
 def cluster() -> Iterator[LocalCluster]:
     with LocalCluster(masters=3) as local:
         yield local
@@ -99,6 +102,7 @@ async def test_a_cluster_leads_on_the_master_of_the_locks_slot(cluster: LocalClu
 
 
 @pytest.fixture
+@needs(REDIS)
 def servers() -> Iterator[list[RedisServerProcess]]:
     started = [RedisServerProcess().start() for _ in range(3)]
     yield started

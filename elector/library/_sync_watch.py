@@ -1,6 +1,6 @@
 """The sync form of the leader watch: `elector.sync.watch(lock, redis=URL, on_change=callback)`.
 
-The watch (`elector.api_watch.LeaderWatch`) runs on a thread of its own with its own loop;
+The watch (`elector.library.watch.LeaderWatch`) runs on a thread of its own with its own loop;
 `on_change(leader)` is called on that thread for each change (a slow callback delays only the
 watch; one that raises is logged). `leader` is the latest `Leader` seen, for polling code.
 """
@@ -13,9 +13,9 @@ import threading
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
-from elector.api_errors import refuse_pickling
-from elector.api_params import ElectorConfigError, factory_of
-from elector.api_watch import Leader, LeaderWatch
+from elector.library._params import ElectorConfigError, factory_of
+from elector.library.errors import refuse_pickling
+from elector.library.watch import Leader, LeaderWatch
 
 logger = logging.getLogger("elector.api")
 

@@ -1,0 +1,1 @@
+"""Benchmarks of `elector operator` against the kmock Kubernetes API emulator."""
