@@ -481,7 +481,7 @@ inline release(i, s, g, kind) {
      fi;
      relwait = 1;
 #ifndef MUT_NO_ANNOUNCE
-     /* the release announcement wakes every follower (_handle_announcements) */
+     /* the release announcement wakes every follower (_apply_announcements) */
      for (j : 0 .. N - 1) { wait[j] = 0; woke[j] = 1 }
      j = 0;
 #endif

@@ -193,7 +193,7 @@ class ScriptBatcher:
     ) -> asyncio.Future[Any]:
         """`run_script` without a coroutine: the future of the call's reply (or error). A caller
         that gives up cancels it. Many calls submitted in one go (a round of renewals, see
-        election/rounds.py) go out in the same flush at the cost of a future each.
+        daemon/many_locks/rounds.py) go out in the same flush at the cost of a future each.
 
         `packed`: `keys` and `args` already encoded by `resp_bulks` (a lease's renewal sends the
         same ones every time): a flush of such calls only is sent without redis-py's packing."""

@@ -300,7 +300,7 @@ class RedisLeaseBackend:
         return self._batcher is not None and self._replica_ack is None
 
     def renew_soon(self, lease: Lease, *, priority: int = 0) -> asyncio.Future[Any]:
-        """`renew` without a coroutine (a round of many leases' renewals, election/rounds.py): the
+        """`renew` without a coroutine (a round of many leases' renewals, daemon/many_locks/rounds.py): the
         future of its raw reply, sent with the batcher's next flush; `renew_result` reads it."""
         assert self._batcher is not None, "see renews_in_rounds"
         assert self._replica_ack is None, "see renews_in_rounds"

@@ -23,13 +23,11 @@ from elector.backend.topologies.factory import LeaseConnections
 from elector.daemon.http_thread import PublishedStatus
 from elector.daemon.leader_file import LEADER_FILE_WAIT_S, LeaderFileWriter
 from elector.daemon.logs import make_logger
+from elector.daemon.many_locks import RenewalRounds, SharedTimers, StartGate, renew_grid_s
 from elector.daemon.predecessor import PredecessorLeaseBackend
 from elector.daemon.settings import Settings
 from elector.election import CycleOutcome, Election, ElectionHooks, ElectionStatus, State, StepDownReason
-from elector.election.cadence import renew_grid_s
 from elector.election.clock import boottime
-from elector.election.rounds import RenewalRounds
-from elector.election.timers import SharedTimers, StartGate
 from elector.lease import Holder, Lease, LeaseBackend
 from elector.telemetry.metrics import ElectionMetrics, MetricFamilies
 from elector.telemetry.outcome_log import OutcomeLogger
@@ -141,7 +139,7 @@ class LockElection:
             renew_grid_s=renew_grid_s(len(settings.locks), renew_interval_s=settings.timing.renew_interval_s),
             # ... and are renewed together at those points, without waking each election's task,
             # when the backend can (a batcher, no WAIT for replicas): most of a renewal's CPU.
-            renewal_rounds=daemon.renewal_rounds if getattr(backend, "renews_in_rounds", False) else None,
+            renewer=daemon.renewal_rounds if getattr(backend, "renews_in_rounds", False) else None,
         )
         #: What the HTTP thread reads of this election (see http_thread.py): republished by the
         #: election side at every cycle's outcome, at each term's start and end, and at the

@@ -38,13 +38,18 @@ from elector.daemon.http_compat import NaisApi, make_compat_app
 from elector.daemon.http_thread import HttpThread, Listener
 from elector.daemon.lock_election import EXIT_LOST_LEADERSHIP, LockElection, republish
 from elector.daemon.logs import configure_logging, make_logger
-from elector.daemon.many_locks import BatchedStop, StartGate, freeze_long_lived, start_spacing_s
+from elector.daemon.many_locks import (
+    BatchedStop,
+    RenewalRounds,
+    SharedTimers,
+    StartGate,
+    freeze_long_lived,
+    start_spacing_s,
+)
 from elector.daemon.settings import Settings
 from elector.daemon.testing_hooks import install_loop_block_hook
 from elector.election import CycleOutcome, Election, State
 from elector.election.clock import boottime
-from elector.election.rounds import RenewalRounds
-from elector.election.timers import SharedTimers
 from elector.lease import LeaseBackendError
 from elector.telemetry.metrics import MetricFamilies, register_process_metrics
 
@@ -84,9 +89,9 @@ class Daemon:
         self._yield_cpu_when_done = yield_cpu_when_done
         #: Called with (lock, outcome) for every cycle of every lock: for benchmarks and tests.
         self.outcome_observer = outcome_observer
-        #: Many locks wake at the same grid points (cadence.RENEW_GRID_S): one loop timer each.
+        #: Many locks wake at the same grid points (many_locks/grid.py): one loop timer each.
         self.shared_timers = SharedTimers(clock=boottime) if len(settings.locks) > 1 else None
-        #: ... and their leases due at one grid point are renewed together (election/rounds.py).
+        #: ... and their leases due at one grid point are renewed together (many_locks/rounds.py).
         self.renewal_rounds = RenewalRounds(clock=boottime) if len(settings.locks) > 1 else None
         self.registry = registry if registry is not None else CollectorRegistry()
         self.exit_code = EXIT_OK

@@ -1,32 +1,29 @@
-"""The announcement listener and the waits it cuts short.
+"""A lock's announcements: the subscription an election keeps for its whole run, and the events
+it queues for the election's waits.
 
-A follower subscribes to the lock's announcements before its first try and then sleeps until the
-holder's lease would run out, a release announcement, or a re-check cap: no fixed polling period.
-A leader is woken by a handoff request or a later grant (then its renewal asks Redis, which alone
-is trusted). The subscription is kept for the whole run, re-subscribing with a back-off that keeps
-a link which breaks right after each subscribe from becoming a request loop.
-
-Part of `Election` (machine.py), which starts `_listen` as a task and sleeps with `_sleep_until`.
+A follower subscribes before its first try and then sleeps until the holder's lease would run out,
+a release announcement, or a re-check cap: no fixed polling period. A leader is woken by a
+handoff request or a later grant (then its renewal asks Redis, which alone is trusted). The
+subscription is re-made with a back-off that keeps a link which breaks right after each subscribe
+from becoming a request loop. What an event means for the election is the election's to decide
+(`Election._apply_announcements`, machine.py): this object only listens, queues and wakes it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import logging
+import random
+from collections.abc import Callable
 
 from elector.backoff import backoff_delay_s
-from elector.election.cadence import FAILURE_BACKOFF_JITTER
-from elector.election.core import ElectionCore, describe_error, logger
-from elector.election.outcome import State
-from elector.election.timers import SharedTimer, StartGate, StartTurn
-from elector.lease import LeaseBackendError, LeaseEventKind
+from elector.election.outcome import describe_error
+from elector.election.policy import FAILURE_BACKOFF_JITTER
+from elector.lease import LeaseBackend, LeaseBackendError, LeaseEvent
 from elector.tasks import await_chain, cancel_until_done
 
-#: A flood of announcements must not become a flood of requests.
-MIN_ATTEMPT_SPACING_S = 0.005
-#: Waits shorter than this are due now (like asyncio's own clock resolution); sleeping them can
-#: spin on clocks that round timers.
-CLOCK_RESOLUTION_S = 1e-4
 #: Re-subscribing to announcements: the first wait, the longest, and the same half-range jitter
 #: as the retries of failed requests.
 RESUBSCRIBE_FIRST_S = 0.4
@@ -34,85 +31,82 @@ RESUBSCRIBE_MAX_S = 30.0
 #: How long the end of a run waits for its listener, which is sent its cancellation again
 #: meanwhile, before it names it and goes on (a run's end must never hang on it).
 LISTENER_STOP_S = 5.0
+#: How many announcements wait for the election at most (the oldest go first: a flood of them
+#: must not grow without bound, and the next cycle asks Redis anyway).
+QUEUED_EVENTS = 64
+
+#: The election's logger: its records keep the name they always had.
+logger = logging.getLogger("elector.election.machine")
 
 
-class AnnouncementListener(ElectionCore):
-    """Keeps the subscription to the lock's announcements and applies them to the waits."""
+class Announcements:
+    """Keeps the subscription to one lock's announcements and queues what arrives.
 
-    async def _sleep_until(self, when: float) -> None:
-        """Sleep until `when`, a stop request, or an announcement that calls for a cycle now."""
-        while not self._stop_requested and self._resign_stand_back_s is None and not self._hold_lifted:
-            if self._handle_announcements():
-                earliest = (self._last_attempt_at or 0.0) + MIN_ATTEMPT_SPACING_S
-                when = min(when, max(earliest, self._clock()))
-            remaining = when - self._clock()
-            if remaining <= CLOCK_RESOLUTION_S:
-                return
-            self._wakeup.clear()
-            if self._events or self._resubscribed:
-                continue
-            # A timer that sets the event, rather than asyncio.timeout: a timeout cancels the
-            # task and raises through it, which costs more than the rest of a renewal's cycle
-            # in a daemon of thousands of locks. Many elections share their wake-up's timer.
-            timer: asyncio.TimerHandle | SharedTimer
-            if self._shared_timers is not None:
-                timer = self._shared_timers.call_at(when, self._wakeup.set)
-            else:
-                timer = asyncio.get_running_loop().call_later(remaining, self._wakeup.set)
-            try:
-                await self._wakeup.wait()
-            finally:
-                timer.cancel()
+    `wake` is called whenever something arrives (an event, a new subscription after a break);
+    the election then takes what is queued with `take_events` and `take_resubscribed`.
+    """
 
-    async def _wait_for_turn(self, gate: StartGate) -> StartTurn:
-        """Wait for a turn of `gate` (or a stop). No cycle is due meanwhile: the wait is as long
-        as the earlier starts take, and liveness must not take it for a stuck loop."""
-        admitted = False
+    def __init__(
+        self,
+        backend: LeaseBackend,
+        *,
+        request_timeout_s: float,
+        stable_after_s: float,
+        keepalive_s: float,
+        clock: Callable[[], float],
+        rng: random.Random,
+        wake: Callable[[], None],
+    ) -> None:
+        self._backend = backend
+        self._request_timeout_s = request_timeout_s
+        #: How long a subscription must have lasted for its break to count as a first failure.
+        self._stable_subscription_s = stable_after_s
+        self._keepalive_s = keepalive_s
+        self._clock = clock
+        self._rng = rng
+        self._wake = wake
+        self._events: collections.deque[LeaseEvent] = collections.deque(maxlen=QUEUED_EVENTS)
+        self._subscribed = asyncio.Event()
+        #: Set once the first subscription succeeded or failed: a failure need not be waited out
+        #: (a wrong URL or password then shows in the first acquire, within a request timeout).
+        self._subscribe_tried = asyncio.Event()
+        self._resubscribed = False
+        self._listener: asyncio.Task[None] | None = None
 
-        def admit() -> None:
-            nonlocal admitted
-            admitted = True
-            self._wakeup.set()
+    @property
+    def pending(self) -> bool:
+        """Whether anything waits to be taken."""
+        return bool(self._events) or self._resubscribed
 
-        turn = gate.request(admit)
-        self._cycle_due_by = None
-        while not admitted and not self._stop_requested:
-            self._wakeup.clear()
-            await self._wakeup.wait()
-        return turn
+    def take_resubscribed(self) -> bool:
+        """Whether a new subscription was made after a break since last asked (announcements may
+        have been missed meanwhile)."""
+        resubscribed, self._resubscribed = self._resubscribed, False
+        return resubscribed
 
-    def _handle_announcements(self) -> bool:
-        """Apply queued announcements; True when the next cycle should run now."""
-        run_now = False
-        if self._resubscribed:
-            # Announcements may have been missed while unsubscribed: look again.
-            self._resubscribed = False
-            run_now = self._state is State.FOLLOWER
-        while self._events:
-            event = self._events.popleft()
-            if self._state is State.LEADER and self._lease is not None:
-                if event.kind is LeaseEventKind.HANDOFF and event.holder == self._lease.holder:
-                    # Asked to hand over: the renewal reads the request from Redis (a message
-                    # alone is not trusted) and steps down if it is real.
-                    run_now = True
-                elif event.kind is LeaseEventKind.ACQUIRED and (
-                    event.holder.fencing_token > self._lease.fencing_token
-                ):
-                    # A later grant means our key is gone. Announcements can be late or forged
-                    # (anyone allowed to PUBLISH), so renew now and let Redis say: lost, or ours.
-                    run_now = True
-            elif self._state is State.FOLLOWER:
-                if event.kind is LeaseEventKind.RELEASED:
-                    if self._holder is None or event.holder.fencing_token >= self._holder.fencing_token:
-                        self._observe_holder(None, expires_at=None)
-                    run_now = True
-                elif event.kind is LeaseEventKind.HANDOFF:
-                    continue
-                elif self._holder is None or event.holder.fencing_token > self._holder.fencing_token:
-                    self._observe_holder(event.holder, expires_at=self._holder_expires_at)
-        return run_now
+    def take_events(self) -> list[LeaseEvent]:
+        """The announcements queued since last asked, oldest first."""
+        events = list(self._events)
+        self._events.clear()
+        return events
 
-    async def _stop_listener(self, listener: asyncio.Task[None]) -> None:
+    def start(self, *, name: str) -> None:
+        """Start listening, in a task of its own."""
+        self._listener = asyncio.create_task(self._listen(), name=name)
+
+    async def first_try(self, *, within_s: float) -> None:
+        """Wait until the first subscription succeeded or failed, at most `within_s`."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within_s):
+                await self._subscribe_tried.wait()
+
+    async def stop(self, *, lock: str) -> None:
+        """End the listener at the end of a run (see `_stop_listener`)."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await self._stop_listener(listener, lock=lock)
+
+    async def _stop_listener(self, listener: asyncio.Task[None], *, lock: str) -> None:
         """End the listener at the end of a run. Cancelled until it ends, not once: inside a
         redis-py write (a client given by the caller, a subscribe or a keepalive PING) CPython
         3.11's wait_for can drop the cancellation (elector/tasks.py), and the listener, which loops
@@ -122,13 +116,13 @@ class AnnouncementListener(ElectionCore):
         # close of its subscription (its `finally`), which a loaded loop can take a while to run.
         with contextlib.suppress(asyncio.CancelledError):
             left = await cancel_until_done(
-                [listener], within_s=LISTENER_STOP_S, resend_s=self._timing.request_timeout_s
+                [listener], within_s=LISTENER_STOP_S, resend_s=self._request_timeout_s
             )
             for task in left:
                 logger.error(
                     "announcement listener did not end within %.1fs of its cancellation (left "
                     "behind); it waits at %s", LISTENER_STOP_S, "; ".join(await_chain(task)),
-                    extra={"lock": self.lock},
+                    extra={"lock": lock},
                 )  # fmt: skip
         if listener.done() and not listener.cancelled():
             listener.exception()  # retrieved, as before; the run has ended and does not need it
@@ -144,7 +138,7 @@ class AnnouncementListener(ElectionCore):
         failures = 0
         while True:
             try:
-                async with asyncio.timeout(2 * self._timing.request_timeout_s):
+                async with asyncio.timeout(2 * self._request_timeout_s):
                     subscription = await self._backend.subscribe(keepalive_s=self._keepalive_s)
             except (LeaseBackendError, TimeoutError) as exc:
                 failures += 1
@@ -154,7 +148,7 @@ class AnnouncementListener(ElectionCore):
                 continue
             if failures or self._subscribed.is_set():
                 self._resubscribed = True
-                self._wakeup.set()
+                self._wake()
             self._subscribed.set()
             self._subscribe_tried.set()
             subscribed_at = self._clock()
@@ -163,7 +157,7 @@ class AnnouncementListener(ElectionCore):
                     event = await subscription.next_event(timeout_s=self._keepalive_s)
                     if event is not None:
                         self._events.append(event)
-                        self._wakeup.set()
+                        self._wake()
             except LeaseBackendError as exc:
                 logger.debug("announcement subscription broke: %s", exc)
             except Exception:
@@ -174,11 +168,6 @@ class AnnouncementListener(ElectionCore):
             stable = self._clock() - subscribed_at >= self._stable_subscription_s
             failures = 1 if stable else failures + 1
             await asyncio.sleep(self._resubscribe_delay_s(failures))
-
-    @property
-    def _stable_subscription_s(self) -> float:
-        """How long a subscription must have lasted for its break to count as a first failure."""
-        return max(5.0, self._timing.ttl_s)
 
     def _resubscribe_delay_s(self, failures: int) -> float:
         return backoff_delay_s(

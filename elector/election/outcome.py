@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from elector.lease import BackendErrorKind, Holder
+from elector.lease import BackendErrorKind, Holder, LeaseBackendError
 
 #: Error kinds that all say "Redis is not reached" (see BackendErrorKind): one cause for logs.
 _UNREACHED_KINDS = frozenset({BackendErrorKind.CONNECTION.value, BackendErrorKind.TIMEOUT.value})
@@ -22,6 +22,18 @@ def error_cause(error_kind: str | None) -> str:
     if error_kind is None or error_kind in _UNREACHED_KINDS:
         return "unreachable"
     return error_kind
+
+
+def error_kind_of(exc: BaseException) -> str:
+    """The `error_kind` of an outcome: the backend's kind, or a timeout."""
+    return exc.kind.value if isinstance(exc, LeaseBackendError) else BackendErrorKind.TIMEOUT.value
+
+
+def describe_error(exc: BaseException) -> str:
+    """The `error` of an outcome: what the request met, in words."""
+    if isinstance(exc, TimeoutError):
+        return "Redis did not answer in time"
+    return str(exc)
 
 
 class State(enum.StrEnum):

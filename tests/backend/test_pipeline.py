@@ -287,7 +287,7 @@ async def held_leases(
 async def test_renewals_of_a_round_go_out_as_one_batch_script_and_each_gets_its_own_answer(
     client_for, raw
 ) -> None:
-    """`renew_soon` (election/rounds.py): one flush, one RENEW_BATCH call for all, and each lease
+    """`renew_soon` (daemon/many_locks/rounds.py): one flush, one RENEW_BATCH call for all, and each lease
     its own result: a plain renewal, a lost lease (never re-created), a TTL replaced."""
     client = client_for()
     batcher = ScriptBatcher(client)

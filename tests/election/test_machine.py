@@ -21,7 +21,7 @@ from elector.election import (
     OutcomeKind,
     State,
     StepDownReason,
-    cadence,
+    policy,
 )
 from elector.lease import Holder, Lease, LeaseEventKind
 from tests.election.fake_backend import FakeBackend, FakeStore, unreachable
@@ -367,7 +367,7 @@ async def test_renewals_of_many_locks_fall_due_together_on_a_grid() -> None:
     renewals = [o.at for r in recorders for o in r.outcomes if o.kind is OutcomeKind.RENEWED]
     assert len(renewals) >= 600
     for at in renewals:
-        steps = at / cadence.RENEW_GRID_S
+        steps = at / policy.RENEW_GRID_S
         assert abs(steps - round(steps)) < 1e-6, at
     # 200 locks, 50 grid points per interval: renewals share instants, far fewer than renewals.
-    assert len({round(at / cadence.RENEW_GRID_S) for at in renewals}) < len(renewals) / 2
+    assert len({round(at / policy.RENEW_GRID_S) for at in renewals}) < len(renewals) / 2

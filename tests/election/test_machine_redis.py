@@ -29,7 +29,7 @@ from elector.election import (
     OutcomeKind,
     StepDownReason,
 )
-from elector.election.cadence import MAX_WAKE_JITTER_S
+from elector.election.policy import MAX_WAKE_JITTER_S
 from elector.testing.redis_server import RedisServerProcess
 from tests.support.lateness import loop_lateness
 from tests.support.seed import seed_used_lock_async

@@ -1,4 +1,5 @@
-"""Elections that share their wake-up timers (elector/election/timers.py), as a daemon's locks do."""
+"""Elections that share their wake-up timers (elector/daemon/many_locks/shared_timers.py), as a
+daemon's locks do."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import random
 
 import pytest
 
+from elector.daemon.many_locks.shared_timers import SharedTimers
 from elector.election import Election, OutcomeKind
-from elector.election.timers import SharedTimers
 from tests.election.fake_backend import FakeBackend, FakeStore
 from tests.support.election import Recorder, timing
 

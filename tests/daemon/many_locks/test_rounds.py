@@ -1,4 +1,4 @@
-"""Renewal rounds (elector/election/rounds.py): the leaders of a daemon due at one grid point are
+"""Renewal rounds (elector/daemon/many_locks/rounds.py): the leaders of a daemon due at one grid point are
 renewed together, and anything but a plain renewal is left to the election's own cycle."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from elector.daemon.many_locks.rounds import RenewalRounds
 from elector.election import Election, OutcomeKind, State, StepDownReason
-from elector.election.rounds import RenewalRounds
 from elector.lease import BackendErrorKind, Lease, LeaseBackendError, RenewResult
 from tests.election.fake_backend import FakeBackend, FakeStore
 from tests.support.election import Recorder, timing
@@ -95,7 +95,7 @@ class Daemon:
                 # A coarse grid: the renewals of a dozen locks share its points (rounds.py).
                 renew_grid_s=0.25,
                 rng=random.Random(25),
-                renewal_rounds=self.rounds,
+                renewer=self.rounds,
             )
             for backend, recorder in zip(self.backends, self.recorders, strict=True)
         ]

@@ -1,20 +1,18 @@
 """One loop timer for the many elections of a daemon that wake at the same instant.
 
-A daemon of many locks renews each on a point of the RENEW_GRID_S grid (cadence.py), so
-hundreds of elections sleep until the very same clock time. Each sleeping with its own loop
-timer put thousands of handles in the event loop's heap, and every push and pop compared them in
-Python (`TimerHandle.__lt__`): a tenth of a 1,000-lock daemon's CPU. `SharedTimers` keeps one loop
-timer per distinct wake-up time and the callbacks due then in a list: an election's wait is the
-same wait, only its timer is shared (see `AnnouncementListener._sleep_until`).
-
-`StartGate` is the other thing many elections of one daemon share: the turns of their first tries.
+A daemon of many locks renews each on a point of its renewal grid (grid.py), so hundreds of
+elections sleep until the very same clock time. Each sleeping with its own loop timer put
+thousands of handles in the event loop's heap, and every push and pop compared them in Python
+(`TimerHandle.__lt__`): a sizeable share of a many-lock daemon's CPU (docs/design.md).
+`SharedTimers` keeps one loop timer per distinct wake-up time and the callbacks due then in a
+list: an election's wait is the same wait, only its timer is shared (the election's
+`WakeUpTimers`, see `Election._sleep_until`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Protocol
 
 
 class SharedTimer:
@@ -60,18 +58,3 @@ class SharedTimers:
             if callback is not None:
                 timer.callback = None
                 callback()
-
-
-class StartTurn(Protocol):
-    """An election's place at a `StartGate`; `end` gives it back (its first cycle ended, or its
-    run ended before that)."""
-
-    def end(self) -> None: ...
-
-
-class StartGate(Protocol):
-    """Admits the first tries of many elections a few at a time (a daemon of many locks, see
-    daemon/many_locks.py): `request` queues `admit`, called on the running loop when this
-    election's turn comes."""
-
-    def request(self, admit: Callable[[], None]) -> StartTurn: ...

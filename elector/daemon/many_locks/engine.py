@@ -1,5 +1,7 @@
 """How a daemon of many locks starts them, stops them and keeps the garbage collector out of
-their way: one `Election` each on one event loop, up to 10,000 of them (docs/benchmarks.md).
+their way: one `Election` each on one event loop, up to the daemon's limit of locks (what that
+costs: docs/benchmarks.md; the measurements behind each bound here: docs/design.md, "Many locks
+in one daemon").
 
 - start: a `StartGate` admits the first tries `start_spacing_s` apart, so that acquisitions, and
   hence renewals, never fall due together, and a few at a time, so that a busy loop slows the
@@ -20,8 +22,8 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 #: A daemon of many locks starts one lock at most this often (seconds): each start subscribes,
-#: acquires and logs a line, ~0.3 ms of CPU, so that 10,000 locks started within one renew
-#: interval would take the whole core and time their own requests out.
+#: acquires and logs a line, so that the most locks a daemon holds, started within one renew
+#: interval, would take the whole core and time their own requests out.
 MIN_START_SPACING_S = 0.001
 
 
@@ -41,14 +43,14 @@ def start_spacing_s(locks: int, *, ttl_s: float, renew_interval_s: float) -> flo
 #: A daemon of many locks has at most this many locks between their admission and the end of
 #: their first cycle (subscribe, acquire, the first outcome). When the loop is healthy a start
 #: takes a few ms and the spacing alone paces them; on a busy or starved loop the answers come
-#: late, and new starts then wait for them instead of piling up: 10,000 starts on a fixed
-#: schedule outran a loaded 2-core machine, their acquisitions timed out after 1 s and their
-#: retries, warnings and step-downs kept the loop saturated for good.
+#: late, and new starts then wait for them instead of piling up: starts on a fixed schedule
+#: outran a loaded machine, their acquisitions timed out and their retries, warnings and
+#: step-downs kept the loop saturated for good.
 MAX_STARTS_IN_FLIGHT = 32
 
 
 class _Turn:
-    """One election's place at a `StartGate` (election/timers.py's `StartTurn`)."""
+    """One election's place at a `StartGate` (the election's `StartTurn`)."""
 
     __slots__ = ("_admit", "_gate", "state")
 
@@ -140,7 +142,7 @@ class StartGate:
 
 
 #: A daemon of many locks stops (releases) this many locks at once, one batch per STOP_BATCH_INTERVAL_S
-#: (one release pipeline each): 10,000 locks stop within 4 s, well within a pod's grace period.
+#: (one release pipeline each): the most locks a daemon holds stop well within a pod's grace period.
 STOP_BATCH = 50
 STOP_BATCH_INTERVAL_S = 0.02
 
@@ -151,8 +153,8 @@ class _Stoppable(Protocol):
 
 class BatchedStop:
     """Stops elections (each then releases its lease) STOP_BATCH at a time, one batch per
-    STOP_BATCH_INTERVAL_S: 10,000 releases and step-down lines at once took the core for seconds
-    and most releases timed out (release_failed, leases left to expire).
+    STOP_BATCH_INTERVAL_S: thousands of releases and step-down lines at once took the core for
+    seconds and most releases timed out (release_failed, leases left to expire).
 
     With `finished` (whether a stopped election's run has ended), a batch also waits until fewer
     than STOP_BATCH of the elections stopped before are still stopping: on a busy or loaded loop
@@ -202,11 +204,11 @@ class BatchedStop:
 #: The collector's thresholds in a daemon of many locks (CPython's default: 700, 10, 10). A young
 #: collection runs when the tracked objects allocated less those freed pass the first figure; a
 #: batch of a few hundred replies transiently holds thousands of objects (futures, handles, reply
-#: lists) that die a moment later, so at 700 the collector ran ~40 times a second at 10,000 locks,
+#: lists) that die a moment later, so at the default the collector ran many times a second,
 #: promoted those transients and, every few seconds, walked every object alive in a full
-#: collection (~150-600 ms: the renew p99). At 20,000 only objects that outlive their batch count
-#: (the cyclic garbage of errors, new long-lived state): a young collection a minute at 10,000
-#: locks, a full one seldom. What that garbage can pile up to is bounded by the same 20,000 objects.
+#: collection (the renew p99). At the first figure here only objects that outlive their batch count
+#: (the cyclic garbage of errors, new long-lived state): young collections are rare, full ones
+#: rarer. What that garbage can pile up to is bounded by the same figure.
 MANY_LOCKS_GC_THRESHOLDS = (20_000, 20, 10)
 
 #: How often `freeze_long_lived` moves what start-up made out of the collector's sight, seconds.
@@ -221,9 +223,9 @@ def freeze_long_lived(
     still starting, and for `settle_s` after that (their first terms' renewals).
 
     The elections, their tasks, subscriptions and metrics live as long as the daemon. Left to the
-    collector, every full collection walks them all: at 5,000 locks each took ~0.4 s while the
-    locks were starting (a full collection comes every second or two then), which was the whole
-    renew p99 of the first minute. Frozen, they are never walked again; what start-up left as
+    collector, every full collection walks them all while the locks are starting (a full
+    collection comes every second or two then), which was the whole renew p99 of the first
+    minute. Frozen, they are never walked again; what start-up left as
     cyclic garbage at a freeze (little: no exception escapes a healthy cycle) is kept for good.
     A start-up slowed down by a busy machine (the start gate) is followed to its end.
     """

@@ -1,4 +1,4 @@
-"""How a daemon of many locks starts and stops them (elector/daemon/many_locks.py) and picks its
+"""How a daemon of many locks starts and stops them (elector/daemon/many_locks/engine.py) and picks its
 metrics mode."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from typing import cast
 
 import pytest
 
-from elector.daemon import many_locks
 from elector.daemon.lock_election import (
     REPUBLISH_CYCLE_S,
     REPUBLISH_MIN_BATCH,
     REPUBLISH_PERIOD_S,
     republish_batch,
 )
-from elector.daemon.many_locks import (
+from elector.daemon.many_locks import engine as many_locks
+from elector.daemon.many_locks.engine import (
     FREEZE_PERIOD_S,
     MANY_LOCKS_GC_THRESHOLDS,
     MIN_START_SPACING_S,
