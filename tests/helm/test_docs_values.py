@@ -95,9 +95,15 @@ def set_keys() -> Iterator[tuple[str, str, str]]:
                 yield doc.relative_to(REPO).as_posix(), _chart_of(command), key
 
 
+#: Loggers the docs name (the library logs under `elector.api`, a name kept for its users' logging
+#: configuration though no module of that name exists any more).
+LOGGER_NAMES = {"elector.api", "elector.http", "elector.supervisor"}
+
+
 def _python_or_api_name(path: str) -> bool:
-    """A Python name (`elector.FencedStore`, `redis.asyncio.Redis`) or an API group (`elector.io`)."""
-    if path.rsplit(".", 1)[-1] in {"io", "com", "org", "dev"}:
+    """A Python name (`elector.FencedStore`, `redis.asyncio.Redis`), a module's file name
+    (`elector.py`), a logger's name (`elector.api`) or an API group (`elector.io`)."""
+    if path.rsplit(".", 1)[-1] in {"io", "com", "org", "dev", "py"} or path in LOGGER_NAMES:
         return True
     try:
         pkgutil.resolve_name(path)
