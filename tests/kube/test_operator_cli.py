@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from elector.cli.main import cli
 from elector.kube.operator import command as operator_cli
 from elector.kube.operator import resource
+from elector.kube.operator.runner import default_operator_lock
 
 
 def test_the_cli_does_not_import_kopf_until_the_operator_runs() -> None:
@@ -175,7 +176,7 @@ def test_the_default_lock_is_named_after_what_the_operator_watches(
 
 def test_a_default_lock_for_many_namespaces_stays_a_valid_lock_name() -> None:
     many = [f"team-{i:03d}-with-a-long-namespace-name" for i in range(20)]
-    lock = operator_cli.default_operator_lock(many, clusterwide=False)
+    lock = default_operator_lock(many, clusterwide=False)
     assert lock.startswith("elector-operator/namespaces/sha256-") and len(lock) <= 200
-    assert lock == operator_cli.default_operator_lock(list(reversed(many)), clusterwide=False)
-    assert lock != operator_cli.default_operator_lock(many[1:], clusterwide=False)
+    assert lock == default_operator_lock(list(reversed(many)), clusterwide=False)
+    assert lock != default_operator_lock(many[1:], clusterwide=False)

@@ -8,7 +8,6 @@ are checked; `kopf_missing` lets the command say how to install kopf instead.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import importlib.util
 import signal
 import sys
@@ -24,27 +23,7 @@ from elector.lease import InvalidValueError, check_identity, check_lock_name, de
 if TYPE_CHECKING:
     from elector.kube.operator.runner import OperatorSettings
 
-#: The longest lock name elector takes (elector.lease.check_lock_name).
-MAX_LOCK_LENGTH = 200
-
 INSTALL_HINT = "the operator needs kopf: pip install 'elector[kube]'"
-
-
-def default_operator_lock(namespaces: Sequence[str], *, clusterwide: bool) -> str:
-    """The operator's own lock when none is given: named after what it watches.
-
-    Operators for different sets of namespaces must not exclude each other (a single global
-    name let one team's operator keep another's idle); the replicas of one operator watch the
-    same set, so they share the name. Namespaces are DNS labels (no dots): the join is
-    unambiguous. A set too long for a lock name is hashed.
-    """
-    if clusterwide:
-        return "elector-operator/cluster-wide"
-    joined = ".".join(sorted(set(namespaces)))
-    lock = f"elector-operator/namespaces/{joined}"
-    if len(lock) > MAX_LOCK_LENGTH:
-        lock = f"elector-operator/namespaces/sha256-{hashlib.sha256(joined.encode()).hexdigest()}"
-    return lock
 
 
 def kopf_missing() -> bool:
@@ -65,7 +44,7 @@ def operator_settings(
 
     The keywords are the command's settings, named as `elector run` names the same ones.
     """
-    from elector.kube.operator.runner import OperatorSettings
+    from elector.kube.operator.runner import OperatorSettings, default_operator_lock
 
     # A variable's blanks separate namespaces; so may a flag's.
     flat = tuple(ns for value in namespace for ns in value.split() if ns)

@@ -1,7 +1,7 @@
 """`elector operator`: the kopf operator for LeaderElections, as a hot-standby singleton.
 
 Every replica starts and contends for the operator's own Redis lease (default lock named after
-the namespaces it watches, `command.default_operator_lock`); only the leader runs kopf
+the namespaces it watches, `default_operator_lock`); only the leader runs kopf
 (standalone: kopf's peering off), through `elector.kube.run_singleton`. Every replica serves
 /healthz and /metrics.
 """
@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import kopf
 from prometheus_client import CollectorRegistry
@@ -29,7 +30,6 @@ from elector.daemon.http import (
     json_response,
     metrics_handler,
 )
-from elector.kube.operator.command import default_operator_lock
 from elector.kube.operator.handlers import Login, build_handlers, configure_settings
 from elector.kube.operator.kubeapi import KubeApi
 from elector.kube.operator.metrics import OperatorMetrics
@@ -40,6 +40,27 @@ from elector.telemetry.metrics import register_process_metrics
 
 def default_identity(environ: Mapping[str, str] = os.environ) -> str:
     return environ.get("POD_NAME") or socket.gethostname()
+
+
+#: The longest lock name elector takes (elector.lease.check_lock_name).
+MAX_LOCK_LENGTH = 200
+
+
+def default_operator_lock(namespaces: Sequence[str], *, clusterwide: bool) -> str:
+    """The operator's own lock when none is given: named after what it watches.
+
+    Operators for different sets of namespaces must not exclude each other (a single global
+    name let one team's operator keep another's idle); the replicas of one operator watch the
+    same set, so they share the name. Namespaces are DNS labels (no dots): the join is
+    unambiguous. A set too long for a lock name is hashed.
+    """
+    if clusterwide:
+        return "elector-operator/cluster-wide"
+    joined = ".".join(sorted(set(namespaces)))
+    lock = f"elector-operator/namespaces/{joined}"
+    if len(lock) > MAX_LOCK_LENGTH:
+        lock = f"elector-operator/namespaces/sha256-{hashlib.sha256(joined.encode()).hexdigest()}"
+    return lock
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
