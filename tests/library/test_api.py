@@ -205,16 +205,6 @@ async def test_a_leader_cut_from_redis_is_cancelled_before_its_key_expires(
     assert follower.lease.fencing_token > leader.lease.fencing_token
 
 
-async def test_on_stopped_leading_is_called_once_when_redis_was_never_reached(make) -> None:
-    calls: list[StepDownReason] = []
-    e = make("a", redis="redis://127.0.0.1:1/0", on_stopped_leading=calls.append)
-    await e.start()
-    await asyncio.sleep(0.3)  # a few failed tries
-    assert calls == [] and not e.is_leader
-    await e.aclose()
-    assert calls == [StepDownReason.SHUTDOWN]
-
-
 async def test_the_users_client_is_left_open_and_ours_is_closed(make, redis_url: str, raw) -> None:
     client = quiet_client(redis_url)
     closed: list[bool] = []
@@ -408,4 +398,3 @@ async def test_the_elector_counts_on_the_boottime_clock(monkeypatch: pytest.Monk
         assert e.status().now - boottime() == pytest.approx(1000.0, abs=1.0)
     finally:
         await e.aclose()
-

@@ -111,4 +111,3 @@ async def test_two_live_candidates_with_one_identity_are_warned_about(
     by_follower, by_leader = sorted(r.getMessage() for r in records(caplog, logging.WARNING))
     assert "another live process holds it under our identity 'same' (fencing token" in by_follower
     assert "another live process registered as a candidate under our identity 'same'" in by_leader
-

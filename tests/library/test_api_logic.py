@@ -21,7 +21,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from elector import Elector, Leadership, LeadershipLost, LeadershipTimeout, State, StepDownReason
-from tests.election.fake_backend import FakeBackend, FakeStore
+from elector.lease import LeaseBackendError
+from tests.election.fake_backend import FakeBackend, FakeStore, unreachable
 from tests.support.waiting import until
 
 pytestmark = pytest.mark.looptime
@@ -61,16 +62,19 @@ class ReadingClock:
 
 @pytest.fixture
 async def make() -> AsyncIterator[Callable[..., Elector]]:
-    """`make("a", lock=..., **kwargs)`: an Elector on the in-memory lease of its lock (one
-    store per lock, used before: no new-lock quiet period), closed after the test."""
+    """`make("a", lock=..., fail_with=..., **kwargs)`: an Elector on the in-memory lease of its
+    lock (one store per lock, used before: no new-lock quiet period), closed after the test."""
     clock = ReadingClock()
     stores: dict[str, FakeStore] = {}
     made: list[Elector] = []
 
-    def _make(identity: str, *, lock: str = LOCK, **kwargs: Any) -> Elector:
+    def _make(
+        identity: str, *, lock: str = LOCK, fail_with: LeaseBackendError | None = None, **kwargs: Any
+    ) -> Elector:
         kwargs.setdefault("ttl_s", TTL_S)
         store = stores.setdefault(lock, FakeStore(clock=clock))
         backend = LocalRedis(store, lock=lock)
+        backend.fail_with = fail_with  # every request fails so (Redis unreachable, say)
         made.append(Elector(lock, identity=identity, _backend=backend, _clock=clock, **kwargs))
         return made[-1]
 
@@ -311,6 +315,16 @@ async def test_on_stopped_leading_is_called_exactly_once_at_close_when_never_led
     await b.aclose()
     await b.aclose()  # a second close adds nothing
     assert calls == ["a", StepDownReason.SHUTDOWN]
+
+
+async def test_on_stopped_leading_is_called_once_when_redis_was_never_reached(make) -> None:
+    calls: list[StepDownReason] = []
+    e = make("a", fail_with=unreachable(), on_stopped_leading=calls.append)
+    await e.start()
+    await asyncio.sleep(0.3)  # a few failed tries
+    assert calls == [] and not e.is_leader
+    await e.aclose()
+    assert calls == [StepDownReason.SHUTDOWN]
 
 
 async def test_an_outside_cancellation_propagates_as_cancelled_error(spawn, make) -> None:
