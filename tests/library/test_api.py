@@ -27,10 +27,11 @@ from redis.backoff import ExponentialBackoff, NoBackoff
 
 import elector
 import elector.library.elector
-from elector import Elector, ElectorConfigError, Leadership, LeadershipLost, StepDownReason
+from elector import Elector, ElectorConfigError, LeadershipLost, StepDownReason
 from elector.backend.lua.lease import LockKeys
 from elector.control.handoff import run_handoff
 from elector.election.clock import boottime
+from tests.support.bodies import wait_entered
 from tests.support.seed import seed_used_lock_async
 from tests.support.tcp_proxy import TcpProxy
 
@@ -65,68 +66,9 @@ async def make(redis_url: str, raw: redis.asyncio.Redis) -> AsyncIterator[Callab
             await item.aclose()
 
 
-@pytest.fixture
-async def spawn(make) -> AsyncIterator[Callable[..., Body]]:
-    """Start bodies; those still running at the end are cancelled before the Electors close."""
-    bodies: list[Body] = []
-
-    def _spawn(e: Elector, **kwargs: Any) -> Body:
-        bodies.append(Body(e, **kwargs))
-        return bodies[-1]
-
-    yield _spawn
-    for body in bodies:
-        body.task.cancel()
-    await asyncio.gather(*(body.task for body in bodies), return_exceptions=True)
-
-
 def quiet_client(url: str) -> redis.asyncio.Redis:
     """A user's own client, configured the way the Elector docs ask: no retries."""
     return redis.asyncio.Redis.from_url(url, retry=Retry(NoBackoff(), 0))
-
-
-class Body:
-    """The body of one `async with elector.leadership()` block, in a task, with its timeline."""
-
-    def __init__(self, e: Elector, *, hold_s: float = math.inf, unwind_s: float = 0.0, **kwargs: Any) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.entered = asyncio.Event()
-        self.lease: Leadership | None = None
-        self.entered_at = self.cancelled_at = self.unwound_at = self.exited_at = math.nan
-        self.valid_until = math.nan  # the last `now + remaining()` the body saw
-        self.task = asyncio.create_task(self._run(e, hold_s, unwind_s, kwargs))
-
-    async def _run(self, e: Elector, hold_s: float, unwind_s: float, kwargs: dict[str, Any]) -> None:
-        async with e.leadership(**kwargs) as lease:
-            self.lease, self.entered_at = lease, self.loop.time()
-            self.entered.set()
-            try:
-                while self.loop.time() < self.entered_at + hold_s:
-                    self.valid_until = self.loop.time() + lease.remaining()
-                    await asyncio.sleep(0.005)
-            except asyncio.CancelledError:
-                self.cancelled_at = self.loop.time()
-                await asyncio.sleep(unwind_s)  # leader work taking its time to stop
-                self.unwound_at = self.loop.time()
-                raise
-        self.exited_at = self.loop.time()
-
-    async def lost(self) -> LeadershipLost:
-        with pytest.raises(LeadershipLost) as info:
-            async with asyncio.timeout(5):
-                await self.task
-        return info.value
-
-
-async def wait_entered(*bodies: Body, timeout_s: float = 10.0) -> Body:
-    """The first of `bodies` to enter its block (`timeout_s` bounds a hang; how soon is asserted
-    where it matters)."""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            for body in bodies:
-                if body.entered.is_set():
-                    return body
-            await asyncio.sleep(0.005)
 
 
 async def test_two_electors_on_one_lock_run_exactly_one_body(spawn, make) -> None:
