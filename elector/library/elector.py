@@ -55,6 +55,7 @@ from types import TracebackType
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
+from elector.backend import RedisSettings
 from elector.backend.topologies.factory import LeaseConnections
 from elector.backend.topologies.sentinel_watch import (
     SentinelMasterWatcher,
@@ -72,6 +73,7 @@ from elector.election.clock import boottime
 from elector.lease import (
     Holder,
     Lease,
+    LeaseBackend,
     check_identity,
     check_lock_name,
     check_priority,
@@ -167,6 +169,8 @@ class Elector:
         on_new_leader: OnNewLeader | None = None,
         registry: CollectorRegistry | None = None,
         fail_fast: bool = False,
+        _backend: LeaseBackend | None = None,
+        _clock: Callable[[], float] | None = None,
     ) -> None:
         self.lock = checked("lock", check_lock_name, lock)
         if not isinstance(fail_fast, bool):
@@ -184,9 +188,15 @@ class Elector:
             stop_work_s=stop_work_s,
         )
         self._priority, self._key_prefix = checked("priority", check_priority, priority), key_prefix
-        self._settings, self._client = lease_source(
-            redis, cluster=cluster, redlock=redlock, timing=self.timing, key_prefix=self._key_prefix
-        )
+        #: Private, for the tests that run the library on an in-memory lease in virtual time: a
+        #: backend in place of `redis`, and the clock that backend counts on (default: boottime).
+        self._backend, self._clock = _backend, _clock
+        self._settings: RedisSettings | None = None
+        self._client: aioredis.Redis | None = None
+        if _backend is None:
+            self._settings, self._client = lease_source(
+                redis, cluster=cluster, redlock=redlock, timing=self.timing, key_prefix=self._key_prefix
+            )
         #: Our own connections (built from a URL at start()): the daemon's, whatever the topology.
         self._connections: LeaseConnections | None = None
         self._on_started_leading = on_started_leading
@@ -245,10 +255,13 @@ class Elector:
             waiting_for_own_work_gauge(self._registry).labels(self.lock).set_function(
                 lambda: float(self._late_work.running)
             )
-        backend, self._connections, self._master_watcher = await connect_lease(
-            self._settings, self._client, lock=self.lock, identity=self.identity,
-            key_prefix=self._key_prefix, timing=self.timing,
-        )  # fmt: skip
+        if self._backend is not None:
+            backend = self._backend
+        else:
+            backend, self._connections, self._master_watcher = await connect_lease(
+                self._settings, self._client, lock=self.lock, identity=self.identity,
+                key_prefix=self._key_prefix, timing=self.timing,
+            )  # fmt: skip
         if self._master_watcher is not None:
             self._master_watcher.start()
         hooks = ElectionHooks(
@@ -264,7 +277,7 @@ class Elector:
             hooks=hooks,
             priority=self._priority,
             # Validity counts suspended time too: Redis expires keys by wall time (see clock.py).
-            clock=boottime,
+            clock=boottime if self._clock is None else self._clock,
         )
         self._election = election
         self._callbacks = CallbackRunner(lock=self.lock)

@@ -3,6 +3,8 @@
 Every Elector of a test shares this process's monotonic clock, so "the body was cancelled before
 the lease could expire" is a comparison of loop times: the cancellation against the key's expiry
 as Redis reports it (a PTTL read sent at `t` puts the expiry no earlier than `t + PTTL`).
+The library's logic (step-downs, resigning, preemption, callbacks, cancellation) is tested on the
+in-memory lease in virtual time (test_api_logic.py); what stays here is about Redis and clients.
 """
 
 from __future__ import annotations
@@ -25,13 +27,13 @@ from redis.backoff import ExponentialBackoff, NoBackoff
 
 import elector
 import elector.library.elector
-from elector import Elector, ElectorConfigError, Leadership, LeadershipLost, StepDownReason
+from elector import Elector, ElectorConfigError, LeadershipLost, StepDownReason
 from elector.backend.lua.lease import LockKeys
 from elector.control.handoff import run_handoff
 from elector.election.clock import boottime
+from tests.support.bodies import wait_entered
 from tests.support.seed import seed_used_lock_async
 from tests.support.tcp_proxy import TcpProxy
-from tests.support.waiting import until
 
 # 2 s, not 1 s: most tests here state one unbroken term (a leads until it is preempted, shut down,
 # tampered with or cut); at 1 s a renewal's 0.15 s request timed out at load 8 (loaded run #36)
@@ -64,68 +66,9 @@ async def make(redis_url: str, raw: redis.asyncio.Redis) -> AsyncIterator[Callab
             await item.aclose()
 
 
-@pytest.fixture
-async def spawn(make) -> AsyncIterator[Callable[..., Body]]:
-    """Start bodies; those still running at the end are cancelled before the Electors close."""
-    bodies: list[Body] = []
-
-    def _spawn(e: Elector, **kwargs: Any) -> Body:
-        bodies.append(Body(e, **kwargs))
-        return bodies[-1]
-
-    yield _spawn
-    for body in bodies:
-        body.task.cancel()
-    await asyncio.gather(*(body.task for body in bodies), return_exceptions=True)
-
-
 def quiet_client(url: str) -> redis.asyncio.Redis:
     """A user's own client, configured the way the Elector docs ask: no retries."""
     return redis.asyncio.Redis.from_url(url, retry=Retry(NoBackoff(), 0))
-
-
-class Body:
-    """The body of one `async with elector.leadership()` block, in a task, with its timeline."""
-
-    def __init__(self, e: Elector, *, hold_s: float = math.inf, unwind_s: float = 0.0, **kwargs: Any) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.entered = asyncio.Event()
-        self.lease: Leadership | None = None
-        self.entered_at = self.cancelled_at = self.unwound_at = self.exited_at = math.nan
-        self.valid_until = math.nan  # the last `now + remaining()` the body saw
-        self.task = asyncio.create_task(self._run(e, hold_s, unwind_s, kwargs))
-
-    async def _run(self, e: Elector, hold_s: float, unwind_s: float, kwargs: dict[str, Any]) -> None:
-        async with e.leadership(**kwargs) as lease:
-            self.lease, self.entered_at = lease, self.loop.time()
-            self.entered.set()
-            try:
-                while self.loop.time() < self.entered_at + hold_s:
-                    self.valid_until = self.loop.time() + lease.remaining()
-                    await asyncio.sleep(0.005)
-            except asyncio.CancelledError:
-                self.cancelled_at = self.loop.time()
-                await asyncio.sleep(unwind_s)  # leader work taking its time to stop
-                self.unwound_at = self.loop.time()
-                raise
-        self.exited_at = self.loop.time()
-
-    async def lost(self) -> LeadershipLost:
-        with pytest.raises(LeadershipLost) as info:
-            async with asyncio.timeout(5):
-                await self.task
-        return info.value
-
-
-async def wait_entered(*bodies: Body, timeout_s: float = 10.0) -> Body:
-    """The first of `bodies` to enter its block (`timeout_s` bounds a hang; how soon is asserted
-    where it matters)."""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            for body in bodies:
-                if body.entered.is_set():
-                    return body
-            await asyncio.sleep(0.005)
 
 
 async def test_two_electors_on_one_lock_run_exactly_one_body(spawn, make) -> None:
@@ -202,204 +145,6 @@ async def test_a_leader_cut_from_redis_is_cancelled_before_its_key_expires(
     assert follower.entered_at >= key_expired_at - 0.002  # the follower never overlapped
     assert follower.lease is not None and leader.lease is not None
     assert follower.lease.fencing_token > leader.lease.fencing_token
-
-
-@pytest.mark.parametrize("unwind_s", [0.1, 0.4])
-async def test_a_step_down_waits_for_the_body_up_to_stop_work_s(
-    spawn, make, raw, caplog: pytest.LogCaptureFixture, unwind_s: float
-) -> None:
-    waited = unwind_s < 0.25
-    a = make("a", stop_work_s=0.25)
-    await a.start()
-    leader = spawn(a, unwind_s=unwind_s)
-    await wait_entered(leader)
-    b = make("b")
-    await b.start()
-    follower = spawn(b)
-    await asyncio.sleep(0.1)
-    closing = asyncio.create_task(a.aclose())
-    lost = await leader.lost()
-    if not waited:
-        # Still running past stop_work_s: the release is withheld, the key stays until its ttl.
-        await asyncio.sleep(0.3)
-        assert await raw.pttl(KEY) > 0
-        assert not follower.entered.is_set()
-    await wait_entered(follower)
-    await closing
-    assert lost.reason is StepDownReason.SHUTDOWN
-    # Never beside the old body: the successor starts only once it unwound, either way.
-    assert leader.unwound_at < follower.entered_at
-    if waited:  # released once the body was done, and handed over at once
-        # A lapsed lease would take at least ttl - renew interval (1.4 s); half the ttl leaves a
-        # loaded machine room and still tells a release from a lapse.
-        assert follower.entered_at < leader.unwound_at + a.timing.ttl_s / 2
-        assert a.releases_withheld == 0
-    else:  # the lease lapsed by its ttl: a second or so after the last renewal, not at once
-        assert follower.entered_at - leader.cancelled_at > a.timing.stop_work_s
-        assert a.releases_withheld == 1
-        assert "still running 0.250s (stop_work_s)" in caplog.text
-
-
-async def test_with_stop_work_s_zero_a_body_that_unwinds_at_once_is_still_released(spawn, make, raw) -> None:
-    stopped: list[StepDownReason] = []
-
-    async def on_stopped_leading(reason: StepDownReason) -> None:
-        stopped.append(reason)  # returns at once, but runs in the callbacks' own task
-
-    a = make("a", stop_work_s=0, on_stopped_leading=on_stopped_leading)
-    await a.start()
-    leader = spawn(a)  # unwinds as soon as it is cancelled, without awaiting anything
-    await wait_entered(leader)
-    b = make("b")
-    await b.start()
-    follower = spawn(b)
-    await asyncio.sleep(0.1)
-    await a.aclose()
-    await wait_entered(follower)
-    assert a.releases_withheld == 0  # released, not left to lapse
-    assert follower.entered_at - leader.unwound_at < a.timing.ttl_s / 2  # handed over at once
-    assert stopped == [StepDownReason.SHUTDOWN]
-
-
-async def test_a_body_that_returns_resigns_and_the_other_elector_takes_over(spawn, make, raw) -> None:
-    a, b = make("a"), make("b")
-    await a.start()
-    first = spawn(a, hold_s=0.3)
-    await wait_entered(first)
-    await b.start()
-    second = spawn(b, resign_on_exit=False)
-    async with asyncio.timeout(2):
-        await first.task  # returns after the release went out
-    assert not a.is_leader
-    await wait_entered(second)
-    # The release announcement, not the ttl: a lapse would take at least ttl - renew interval.
-    assert second.entered_at - first.exited_at < TTL_S / 2
-    assert first.lease is not None and second.lease is not None
-    assert second.lease.fencing_token > first.lease.fencing_token
-    await asyncio.sleep(TTL_S)  # a stands back and does not grab the lock from b
-    assert b.is_leader and not a.is_leader and not second.task.done()
-
-
-async def test_a_higher_priority_elector_preempts_the_leaders_body(spawn, make) -> None:
-    low, high = make("low"), make("high", priority=5)
-    await low.start()
-    leader = spawn(low)
-    await wait_entered(leader)
-    await high.start()
-    rival = spawn(high)
-    lost = await leader.lost()
-    await wait_entered(rival)
-    assert lost.reason is StepDownReason.PREEMPTED
-    # Released to the rival at once: a lapse would take at least ttl - renew interval (1.4 s).
-    assert rival.entered_at - leader.cancelled_at < TTL_S / 2
-    assert leader.lease is not None and rival.lease is not None
-    assert rival.lease.fencing_token > leader.lease.fencing_token
-
-
-async def test_keeping_the_lead_after_the_block_and_new_terms_with_higher_tokens(make) -> None:
-    a = make("a")
-    await a.start()
-    async with a.leadership(resign_on_exit=False) as first:
-        pass
-    assert a.is_leader and first.active
-    async with a.leadership(stand_back_s=0.05) as same:
-        assert same is first  # still the same term
-    assert not first.active and first.end_reason is StepDownReason.RESIGNED
-    async with asyncio.timeout(2):
-        later = await a.wait_for_leadership()  # nobody else: leads again after standing back
-    assert later.fencing_token > first.fencing_token
-
-
-async def test_callbacks_come_in_order_once_per_term_and_failures_are_contained(
-    make, caplog: pytest.LogCaptureFixture
-) -> None:
-    events: list[tuple[str, object]] = []
-
-    def new_leader(identity: str | None) -> None:
-        events.append(("new_leader", identity))
-        raise RuntimeError("a broken callback")
-
-    async def started(lease: Leadership) -> None:
-        await asyncio.sleep(0.01)
-        events.append(("started", lease.fencing_token))
-
-    async def stopped(reason: StepDownReason) -> None:
-        events.append(("stopped", reason))
-
-    a = make("a", on_new_leader=new_leader, on_started_leading=started, on_stopped_leading=stopped)
-    await a.start()
-    async with a.leadership(stand_back_s=0.05):
-        pass
-    async with a.leadership(resign_on_exit=False):
-        pass
-    await a.aclose()
-    tokens = [arg for kind, arg in events if kind == "started"]
-    assert len(tokens) == 2 and tokens[0] < tokens[1]
-    assert [kind for kind, _ in events if kind != "new_leader"] == ["started", "stopped"] * 2
-    assert [arg for kind, arg in events if kind == "stopped"] == [
-        StepDownReason.RESIGNED,
-        StepDownReason.SHUTDOWN,
-    ]
-    for index, (kind, _) in enumerate(events):
-        if kind == "started":
-            assert events[index - 1] == ("new_leader", "a")  # told who leads, then that it is us
-    assert "on_new_leader callback failed" in caplog.text
-
-
-async def test_on_stopped_leading_is_called_exactly_once_at_close_when_never_led(make) -> None:
-    # ttl 3 s and a wait for b's first look, where a 1 s ttl and a 0.2 s sleep were: in loaded
-    # run #16 b's first read timed out (0.15 s requests at 1 s), so it had not yet seen "a".
-    a = make("a", ttl_s=3.0)
-    await a.start()
-    await a.wait_for_leadership()
-    calls: list[object] = []
-    b = make(
-        "b", ttl_s=3.0, on_stopped_leading=calls.append, on_started_leading=calls.append,
-        on_new_leader=calls.append,
-    )  # fmt: skip
-    await b.start()
-    await until(lambda: calls, timeout_s=10.0)  # a bound on a hang
-    await b.aclose()
-    await b.aclose()  # a second close adds nothing
-    assert calls == ["a", StepDownReason.SHUTDOWN]
-
-
-async def test_on_stopped_leading_is_called_once_when_redis_was_never_reached(make) -> None:
-    calls: list[StepDownReason] = []
-    e = make("a", redis="redis://127.0.0.1:1/0", on_stopped_leading=calls.append)
-    await e.start()
-    await asyncio.sleep(0.3)  # a few failed tries
-    assert calls == [] and not e.is_leader
-    await e.aclose()
-    assert calls == [StepDownReason.SHUTDOWN]
-
-
-async def test_an_outside_cancellation_propagates_as_cancelled_error(spawn, make) -> None:
-    a, b = make("a"), make("b")
-    await a.start()
-    body = spawn(a)
-    await wait_entered(body)
-    await b.start()
-    body.task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await body.task
-    assert body.task.cancelled()
-    async with asyncio.timeout(0.5):
-        await b.wait_for_leadership()  # the cancelled body resigned as it left
-
-
-async def test_an_outside_cancellation_during_a_loss_still_propagates(spawn, make, raw) -> None:
-    holder: list[asyncio.Task[None]] = []
-    a = make("a", on_stopped_leading=lambda reason: holder[0].cancel())
-    await a.start()
-    body = spawn(a, unwind_s=0.2)  # still unwinding when the callback cancels it as well
-    holder.append(body.task)
-    await wait_entered(body)
-    await raw.delete(KEY)
-    with pytest.raises(asyncio.CancelledError):
-        async with asyncio.timeout(3):
-            await body.task
-    assert not math.isnan(body.cancelled_at) and math.isnan(body.unwound_at)
 
 
 async def test_the_users_client_is_left_open_and_ours_is_closed(make, redis_url: str, raw) -> None:
@@ -595,20 +340,3 @@ async def test_the_elector_counts_on_the_boottime_clock(monkeypatch: pytest.Monk
         assert e.status().now - boottime() == pytest.approx(1000.0, abs=1.0)
     finally:
         await e.aclose()
-
-
-async def test_electors_of_several_locks_share_one_registry(make) -> None:
-    registry = CollectorRegistry()
-    first, second = make("a", registry=registry), make("a", lock=OTHER_LOCK, registry=registry)
-    await first.start()
-    await second.start()
-    for lock in (LOCK, OTHER_LOCK):
-        assert registry.get_sample_value("elector_release_withheld_total", {"lock": lock}) == 0
-    same_lock = make("b", registry=registry)
-    with pytest.raises(ValueError, match="already registered"):
-        await same_lock.start()
-    await first.aclose()
-    assert registry.get_sample_value("elector_release_withheld_total", {"lock": LOCK}) is None
-    again = make("c", registry=registry)  # the lock's series were removed: it may come back
-    await again.start()
-    assert registry.get_sample_value("elector_release_withheld_total", {"lock": LOCK}) == 0
