@@ -468,12 +468,15 @@ class Election:
     async def _follower_cycle(self) -> CycleOutcome:
         sent = self._clock()
         self._hold_lifted = False
-        if not self._may_contend and sent >= self._contend_not_before and not self._contend_held:
+        # A stand-back within the clock's resolution of its end is over: `_sleep_until` treats such
+        # a wait as due, so standing back for it again would repeat this cycle without end.
+        standing_back = sent < self._contend_not_before - CLOCK_RESOLUTION_S
+        if not self._may_contend and not standing_back and not self._contend_held:
             return await self._gated_cycle(sent)
-        if sent < self._contend_not_before or self._contend_held or not self._may_contend:
+        if standing_back or self._contend_held or not self._may_contend:
             # We resigned a moment ago (let the others have it), or our own late work still runs:
             # no request is sent. A lifted hold wakes us (see `_sleep_until`).
-            until = self._contend_not_before if sent < self._contend_not_before else sent + self._timing.ttl_s
+            until = self._contend_not_before if standing_back else sent + self._timing.ttl_s
             return CycleOutcome(
                 kind=OutcomeKind.STAND_BACK,
                 state=self._state,

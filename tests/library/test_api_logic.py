@@ -47,25 +47,11 @@ class LocalRedis(FakeBackend):
         await super()._request(name)
 
 
-class ReadingClock:
-    """The loop's virtual time, as a real monotonic clock reads it: never twice the same (a
-    nanosecond later when the loop's time has not moved), so that a deadline computed as `now + x`
-    is passed by the next read at the instant the loop wakes for it."""
-
-    def __init__(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._last = -math.inf
-
-    def __call__(self) -> float:
-        self._last = max(self._loop.time(), self._last + 1e-9)
-        return self._last
-
-
 @pytest.fixture
 async def make() -> AsyncIterator[Callable[..., Elector]]:
     """`make("a", lock=..., fail_with=..., **kwargs)`: an Elector on the in-memory lease of its
     lock (one store per lock, used before: no new-lock quiet period), closed after the test."""
-    clock = ReadingClock()
+    clock = asyncio.get_running_loop().time
     stores: dict[str, FakeStore] = {}
     made: list[Elector] = []
 
