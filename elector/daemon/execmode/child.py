@@ -26,8 +26,10 @@ class ChildExit:
     """How a run of the child ended."""
 
     pid: int
-    #: The child's exit status as asyncio reports it (negative: killed by a signal); None if the
-    #: child could not be reaped within the stop budget.
+    #: The child's exit status as asyncio reports it (negative: killed by a signal); None if it was
+    #: not known within the stop budget: the child still dying (on a loaded machine a SIGKILLed
+    #: process can wait that long to be scheduled), or its report still on its way from Python
+    #: 3.11's per-child watcher thread (the daemon watches its children through pidfds instead).
     returncode: int | None
     #: The signal that killed the child, if one did.
     signal: int | None
