@@ -53,7 +53,7 @@ bench-setup: $(STAMP)
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/bootstrap.sh
+$(STAMP): pyproject.toml elector/_version.py scripts/bootstrap.sh
 	VENV=$(VENV) bash scripts/bootstrap.sh
 	touch $@
 
